@@ -1,0 +1,211 @@
+"""Run one served task: lease it, build its world, pin the adapter, run the episode while persisting
+and publishing each step, evaluate, reward. Called by the Celery `run_episode` task."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.exc import OperationalError
+
+from agentloop import events
+from agentloop.agent.episode import Episode, Limits, Turn, run_episodes
+from agentloop.agent.prompt import ChatFormat
+from agentloop.apps.evaluation import StateEvaluator
+from agentloop.apps.registry import get_world
+from agentloop.apps.world import World
+from agentloop.policy.base import Policy
+from agentloop.settings import Settings
+from agentloop.store import adapters as adapter_store
+from agentloop.store import episodes as episode_store
+from agentloop.store import tasks as task_store
+from agentloop.store.db import session_scope
+from agentloop.store.models import Episode as EpisodeRow
+from agentloop.store.models import Task, TaskStatus
+
+log = logging.getLogger(__name__)
+
+TRANSIENT = (OperationalError,)  # the database went away: give the task back and retry
+
+
+class Heartbeat(threading.Thread):
+    """Renews the task's lease while the episode runs; notices cancellation and a lost lease."""
+
+    def __init__(self, task_id: str, owner: str, settings: Settings) -> None:
+        super().__init__(daemon=True, name=f"heartbeat-{task_id[:8]}")
+        self.task_id, self.owner, self.settings = task_id, owner, settings
+        self.stop_event = threading.Event()
+        self.cancelled = False
+        self.lost = False
+
+    def run(self) -> None:
+        while not self.stop_event.wait(self.settings.heartbeat_s):
+            try:
+                with session_scope() as s:
+                    ours, cancel = task_store.renew_lease(s, self.task_id, self.owner, self.settings.lease_s)
+            except Exception as exc:  # a missed beat is retried next period; the lease outlives several
+                log.warning("heartbeat for task %s failed: %s", self.task_id, exc)
+                continue
+            self.lost = not ours
+            self.cancelled = cancel
+            if self.lost:
+                return
+
+    def reason_to_stop(self, _ep: Episode) -> str | None:
+        if self.lost:
+            return "lease_lost"
+        return "cancelled" if self.cancelled else None
+
+
+@dataclass
+class Prepared:
+    world: World
+    evaluator: StateEvaluator | None
+
+
+def prepare_world(task: Task) -> Prepared:
+    provider = get_world(task.world)
+    if task.task_ref:
+        spec = provider.task(task.task_ref)
+        return Prepared(provider.task_world(task.task_ref), spec.evaluator)
+    return Prepared(provider.new_world(int(task.options.get("seed", 0)), task.apps), None)
+
+
+def pin_adapter(policy: Policy, settings: Settings) -> str | None:
+    """The active adapter for episodes starting now, loaded into the policy if needed."""
+    with session_scope() as s:
+        active = adapter_store.active_adapter(s, settings.model)
+        name, path = (active.name, active.path) if active else (None, None)
+    if name is not None and path is not None and name not in policy.loaded_adapters():
+        policy.load_adapter(name, path)
+    return name
+
+
+def run_served_task(task_id: str, owner: str, policy: Policy, settings: Settings) -> str:
+    """Returns what happened: not_claimed | succeeded | failed | cancelled | lease_lost."""
+    with session_scope() as s:
+        task = task_store.claim_task(s, task_id, owner, settings.lease_s)
+        if task is None:
+            return "not_claimed"
+        task_store.abandon_running_episodes(s, task_id, "worker_lost")
+        attempt = task.attempts
+        if attempt > settings.max_attempts:
+            task_store.finish_task(
+                s, task_id, owner, TaskStatus.FAILED, error=f"gave up after {settings.max_attempts} attempts"
+            )
+            events.publish(events.task_channel(task_id), {"type": "status"})
+            return "failed"
+        s.expunge(task)
+    events.publish(events.task_channel(task_id), {"type": "status"})
+
+    try:
+        prepared = prepare_world(task)
+        adapter = pin_adapter(policy, settings)
+    except TRANSIENT:
+        _release(task_id, owner, "database unavailable while starting; retrying")
+        raise
+    except Exception as exc:
+        log.exception("task %s could not start", task_id)
+        _fail(task_id, owner, None, f"could not start the episode: {exc}")
+        return "failed"
+
+    opts: dict[str, Any] = task.options
+    limits = Limits.from_settings(settings, max_turns=opts.get("max_turns"), temperature=opts.get("temperature"))
+    episode = Episode(
+        prepared.world, ChatFormat(policy.tokenizer), task.instruction, limits, adapter=adapter, key=task_id
+    )
+    before = prepared.world.copy_state()
+    with session_scope() as s:
+        row = EpisodeRow(
+            task_id=task_id,
+            attempt=attempt,
+            kind="served",
+            world=task.world,
+            task_ref=task.task_ref,
+            seed=prepared.world.seed,
+            instruction=task.instruction,
+            policy=policy.name,
+            adapter=adapter,
+            prompt_token_ids=episode.prompt_token_ids,
+        )
+        s.add(row)
+        s.flush()
+        episode_id = row.id
+        s.execute(sa.update(Task).where(Task.id == task_id).values(adapter=adapter))
+
+    def persist(_ep: Episode, turn: Turn) -> None:
+        with session_scope() as s:
+            episode_store.add_step(s, episode_id, turn)
+        events.publish(events.task_channel(task_id), {"type": "step", "index": turn.index})
+
+    heartbeat = Heartbeat(task_id, owner, settings)
+    heartbeat.start()
+    try:
+        run_episodes(policy, [episode], on_turn=persist, should_stop=heartbeat.reason_to_stop)
+    except TRANSIENT:
+        heartbeat.stop_event.set()
+        _release(task_id, owner, "database unavailable during the episode; retrying")
+        raise
+    except Exception as exc:
+        heartbeat.stop_event.set()
+        log.exception("episode of task %s failed", task_id)
+        _fail(task_id, owner, episode_id, f"episode failed: {type(exc).__name__}: {exc}")
+        return "failed"
+    finally:
+        heartbeat.stop_event.set()
+
+    if episode.finish_reason == "lease_lost":
+        with session_scope() as s:
+            episode_store.finish_episode(s, episode_id, "abandoned", "lease_lost")
+        return "lease_lost"
+    return _complete(task_id, owner, episode_id, episode, prepared, before)
+
+
+def _complete(task_id: str, owner: str, episode_id: str, episode: Episode, prepared: Prepared, before: Any) -> str:
+    world = prepared.world
+    verdict = prepared.evaluator.evaluate(before, world.state, world.answer) if prepared.evaluator else None
+    cancelled = episode.finish_reason == "cancelled"
+    with session_scope() as s:
+        episode_store.finish_episode(s, episode_id, "finished", episode.finish_reason, answer=world.answer)
+        if verdict is not None:
+            episode_store.add_reward(
+                s,
+                source="evaluator",
+                value=verdict.reward,
+                success=verdict.success,
+                episode_id=episode_id,
+                task_id=task_id,
+                details=verdict.to_dict(),
+            )
+        status = TaskStatus.CANCELLED if cancelled else TaskStatus.FINISHED
+        task_store.finish_task(
+            s,
+            task_id,
+            owner,
+            status,
+            answer=world.answer,
+            reward=verdict.reward if verdict else None,
+            success=verdict.success if verdict else None,
+        )
+    events.publish(events.task_channel(task_id), {"type": "done"})
+    return status
+
+
+def _release(task_id: str, owner: str, note: str) -> None:
+    try:
+        with session_scope() as s:
+            task_store.release_task(s, task_id, owner, note)
+            task_store.abandon_running_episodes(s, task_id, "transient_error")
+    except Exception as exc:  # the sweeper re-queues it once the lease expires
+        log.warning("could not release task %s: %s", task_id, exc)
+
+
+def _fail(task_id: str, owner: str, episode_id: str | None, error: str) -> None:
+    with session_scope() as s:
+        if episode_id is not None:
+            episode_store.finish_episode(s, episode_id, "failed", "error", error=error)
+        task_store.finish_task(s, task_id, owner, TaskStatus.FAILED, error=error)
+    events.publish(events.task_channel(task_id), {"type": "done"})

@@ -1,0 +1,1 @@
+"""REST (FastAPI) and gRPC front ends over the same service functions."""

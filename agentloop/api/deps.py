@@ -1,0 +1,40 @@
+"""FastAPI dependencies: a session per request and the caller's principal."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Annotated
+
+from fastapi import Depends, Header
+from sqlalchemy.orm import Session
+
+from agentloop.api.auth import Principal, authenticate
+from agentloop.store.db import get_sessionmaker
+
+
+def get_session() -> Iterator[Session]:
+    session = get_sessionmaker()()
+    try:
+        yield session
+    finally:
+        session.rollback()  # whatever a route did not commit is dropped
+        session.close()
+
+
+SessionDep = Annotated[Session, Depends(get_session)]
+
+
+def get_principal(
+    session: SessionDep,
+    authorization: Annotated[str | None, Header(description="`Bearer <API key>`")] = None,
+) -> Principal:
+    return authenticate(session, authorization)
+
+
+def get_admin(principal: Annotated[Principal, Depends(get_principal)]) -> Principal:
+    principal.require_admin()
+    return principal
+
+
+CurrentPrincipal = Annotated[Principal, Depends(get_principal)]
+AdminPrincipal = Annotated[Principal, Depends(get_admin)]

@@ -1,0 +1,160 @@
+"""Request and response schemas of the public API. Tables never go on the wire."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from agentloop.store.models import TaskStatus
+
+TaskStatusName = Literal["queued", "running", "finished", "failed", "cancelled"]
+assert set(TaskStatusName.__args__) == set(TaskStatus.ALL)  # type: ignore[attr-defined]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TaskCreate(Strict):
+    """Either a task of a world (`task_ref`, evaluated, usable for training) or a free instruction
+    over named apps of that world."""
+
+    instruction: str | None = Field(None, min_length=1, max_length=20_000, description="What the agent should do.")
+    world: str = Field("builtin", max_length=64, description="The world whose apps the agent uses.")
+    task_ref: str | None = Field(
+        None, min_length=1, max_length=200, description="A task of the world, e.g. `wallet_balance-1`."
+    )
+    apps: list[str] | None = Field(
+        None,
+        max_length=32,
+        description="Apps the agent may use (with `instruction`); api_docs and supervisor are always available.",
+    )
+    seed: int = Field(0, ge=0, le=2**31 - 1, description="World seed for free instructions.")
+    max_turns: int | None = Field(None, ge=1, le=200, description="Override the service's turn limit.")
+    temperature: float | None = Field(None, ge=0.0, le=2.0, description="Override the sampling temperature.")
+    metadata: dict[str, str] = Field(default_factory=dict, max_length=32, description="Yours; stored as given.")
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> TaskCreate:
+        if self.task_ref is None and self.instruction is None:
+            raise ValueError("give either `task_ref` (a task of the world) or `instruction` with `apps`")
+        if self.task_ref is not None and (self.instruction is not None or self.apps is not None):
+            raise ValueError("`task_ref` brings its own instruction and apps: leave out `instruction` and `apps`")
+        if self.instruction is not None and not self.apps:
+            raise ValueError('an `instruction` needs `apps`: the apps the agent may use, e.g. ["notes"]')
+        return self
+
+
+class TaskPublic(BaseModel):
+    id: str
+    status: TaskStatusName
+    world: str
+    task_ref: str | None
+    instruction: str
+    apps: list[str]
+    attempts: int
+    cancel_requested: bool
+    answer: str | None
+    reward: float | None
+    success: bool | None
+    error: str | None
+    adapter: str | None
+    metadata: dict[str, str]
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
+class TaskPage(BaseModel):
+    items: list[TaskPublic]
+    next_cursor: str | None = Field(None, description="Pass as `cursor` for the next page; null on the last.")
+
+
+class ToolCallPublic(BaseModel):
+    app: str
+    api: str
+    args: dict[str, Any]
+
+
+class StepPublic(BaseModel):
+    index: int
+    attempt: int
+    prompt_token_count: int
+    output_token_ids: list[int]
+    output_logprobs: list[float]
+    output_text: str
+    finish_reason: str
+    action: ToolCallPublic | None
+    observation: str
+    observation_token_ids: list[int]
+    error_kind: str | None
+    gen_s: float
+    env_s: float
+    created_at: datetime
+
+
+class EpisodePublic(BaseModel):
+    id: str
+    attempt: int
+    status: str
+    finish_reason: str | None
+    policy: str
+    adapter: str | None
+    prompt_token_ids: list[int]
+    num_steps: int
+    tokens_generated: int
+    answer: str | None
+
+
+class StepPage(BaseModel):
+    episode: EpisodePublic | None
+    items: list[StepPublic]
+
+
+class FeedbackCreate(Strict):
+    reward: float = Field(..., ge=0.0, le=1.0, description="How well the task was done, 0 to 1.")
+    comment: str | None = Field(None, max_length=5_000)
+
+
+class FeedbackPublic(BaseModel):
+    id: int
+    task_id: str
+    reward: float
+    comment: str | None
+    created_at: datetime
+
+
+class AppPublic(BaseModel):
+    name: str
+    description: str
+    kind: Literal["builtin", "openapi"]
+    apis: int
+
+
+class ApiParameterPublic(BaseModel):
+    name: str
+    type: Any
+    required: bool
+    description: str | None = None
+    default: Any = None
+    enum: list[Any] | None = None
+
+
+class ApiDocPublic(BaseModel):
+    app: str
+    api: str
+    description: str
+    parameters: list[ApiParameterPublic]
+    returns: str
+
+
+class ErrorDetail(BaseModel):
+    code: str
+    message: str
+    details: Any = None
+
+
+class ErrorBody(BaseModel):
+    error: ErrorDetail

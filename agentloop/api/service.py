@@ -1,0 +1,288 @@
+"""What the API does, independent of transport: REST routes and gRPC servicers both call these.
+
+Functions take a session and the caller's principal, raise `ServiceError`s, and never commit:
+the caller commits, then publishes (a task exists once its row is committed)."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from collections.abc import Sequence
+from datetime import datetime
+from typing import cast
+
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from agentloop.api.auth import Principal
+from agentloop.api.errors import Conflict, IdempotencyKeyReused, InvalidRequest, NotFound
+from agentloop.api.schemas import (
+    ApiDocPublic,
+    AppPublic,
+    EpisodePublic,
+    FeedbackCreate,
+    FeedbackPublic,
+    StepPublic,
+    TaskCreate,
+    TaskPublic,
+    TaskStatusName,
+    ToolCallPublic,
+)
+from agentloop.apps.registry import UnknownWorld, WorldProvider, get_world
+from agentloop.apps.world import ALWAYS_AVAILABLE
+from agentloop.store import episodes as episode_store
+from agentloop.store import tasks as task_store
+from agentloop.store.models import Episode, Reward, Step, Task, TaskStatus, utcnow
+
+MAX_PAGE = 100
+
+
+def _world(name: str) -> WorldProvider:
+    try:
+        return get_world(name)
+    except UnknownWorld as exc:
+        raise InvalidRequest(str(exc.args[0])) from None
+
+
+def request_hash(body: TaskCreate) -> str:
+    canonical = json.dumps(body.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _resolve(body: TaskCreate) -> tuple[str, list[str]]:
+    """The instruction and apps of a new task, checked against its world."""
+    world = _world(body.world)
+    if body.task_ref is not None:
+        try:
+            spec = world.task(body.task_ref)
+        except KeyError:
+            raise InvalidRequest(
+                f"unknown task_ref {body.task_ref!r} in world {body.world!r}; list them with `agentloop world tasks`"
+            ) from None
+        return spec.instruction, list(spec.apps)
+    assert body.instruction is not None and body.apps is not None
+    unknown = [a for a in body.apps if a not in world.apps]
+    if unknown:
+        known = ", ".join(a for a in world.apps if a not in ALWAYS_AVAILABLE)
+        raise InvalidRequest(f"unknown app(s) {', '.join(map(repr, unknown))} in world {body.world!r}; known: {known}")
+    return body.instruction, list(dict.fromkeys(body.apps))
+
+
+def create_task(
+    session: Session, principal: Principal, body: TaskCreate, idempotency_key: str | None
+) -> tuple[Task, bool]:
+    """Insert a queued task. Returns (task, created); a replayed Idempotency-Key returns the original."""
+    digest = request_hash(body)
+    if idempotency_key is not None:
+        if not 1 <= len(idempotency_key) <= 200:
+            raise InvalidRequest("Idempotency-Key must be 1 to 200 characters")
+        existing = task_store.get_task_by_idempotency_key(session, principal.tenant_id, idempotency_key)
+        if existing is not None:
+            return _replay(existing, digest), False
+    instruction, apps = _resolve(body)
+    task = Task(
+        tenant_id=principal.tenant_id,
+        world=body.world,
+        task_ref=body.task_ref,
+        instruction=instruction,
+        apps=apps,
+        options={
+            k: v
+            for k, v in {
+                "seed": body.seed,
+                "max_turns": body.max_turns,
+                "temperature": body.temperature,
+                "metadata": body.metadata,
+            }.items()
+            if v is not None
+        },
+        idempotency_key=idempotency_key,
+        request_hash=digest,
+    )
+    try:
+        with session.begin_nested():
+            session.add(task)
+            session.flush()
+    except IntegrityError:
+        # a concurrent request with the same key won the race
+        existing = task_store.get_task_by_idempotency_key(session, principal.tenant_id, idempotency_key or "")
+        if existing is None:
+            raise
+        return _replay(existing, digest), False
+    return task, True
+
+
+def _replay(existing: Task, digest: str) -> Task:
+    if existing.request_hash != digest:
+        raise IdempotencyKeyReused(
+            "this Idempotency-Key was already used with a different request body; use a new key for a new task"
+        )
+    return existing
+
+
+def get_task(session: Session, principal: Principal, task_id: str) -> Task:
+    task = task_store.get_task(session, task_id, principal.tenant_id)
+    if task is None:
+        raise NotFound(f"no task {task_id!r}")
+    return task
+
+
+def encode_cursor(task: Task) -> str:
+    return base64.urlsafe_b64encode(f"{task.created_at.isoformat()}|{task.id}".encode()).decode()
+
+
+def decode_cursor(cursor: str) -> tuple[datetime, str]:
+    try:
+        created, tid = base64.urlsafe_b64decode(cursor.encode()).decode().split("|", 1)
+        return datetime.fromisoformat(created), tid
+    except (ValueError, UnicodeDecodeError):
+        raise InvalidRequest("invalid cursor: pass the `next_cursor` of a previous page unchanged") from None
+
+
+def list_tasks(
+    session: Session, principal: Principal, status: str | None, limit: int, cursor: str | None
+) -> tuple[list[Task], str | None]:
+    if status is not None and status not in TaskStatus.ALL:
+        raise InvalidRequest(f"unknown status {status!r}; one of {', '.join(TaskStatus.ALL)}")
+    if not 1 <= limit <= MAX_PAGE:
+        raise InvalidRequest(f"limit must be between 1 and {MAX_PAGE}")
+    before = decode_cursor(cursor) if cursor else None
+    rows = task_store.list_tasks(session, principal.tenant_id, status, limit + 1, before)
+    page, more = rows[:limit], len(rows) > limit
+    return page, encode_cursor(page[-1]) if more else None
+
+
+def cancel_task(session: Session, principal: Principal, task_id: str) -> Task:
+    task = get_task(session, principal, task_id)
+    if task.status in TaskStatus.TERMINAL:
+        raise Conflict(f"task {task_id} already ended ({task.status}); nothing to cancel")
+    task.cancel_requested = True
+    if task.status == TaskStatus.QUEUED:
+        task.status = TaskStatus.CANCELLED
+        task.finished_at = utcnow()
+    # a running task stops at its next turn; the worker records it as cancelled
+    return task
+
+
+def task_steps(
+    session: Session,
+    principal: Principal,
+    task_id: str,
+    after: int = -1,
+    limit: int = MAX_PAGE,
+    attempt: int | None = None,
+) -> tuple[Episode | None, Sequence[Step]]:
+    """Steps of the task's latest attempt (or of `attempt`), after step index `after`."""
+    get_task(session, principal, task_id)
+    if not 1 <= limit <= 1000:
+        raise InvalidRequest("limit must be between 1 and 1000")
+    episode = episode_store.latest_episode(session, task_id)
+    if attempt is not None and (episode is None or attempt != episode.attempt):
+        episode = session.query(Episode).filter_by(task_id=task_id, attempt=attempt).first()
+        if episode is None:
+            raise NotFound(f"task {task_id} has no attempt {attempt}")
+    if episode is None:
+        return None, []
+    return episode, episode_store.steps_of(session, episode.id, after, limit)
+
+
+def add_feedback(session: Session, principal: Principal, task_id: str, body: FeedbackCreate) -> Reward:
+    task = get_task(session, principal, task_id)
+    if task.status not in (TaskStatus.FINISHED, TaskStatus.FAILED):
+        raise Conflict(f"task {task_id} is {task.status}; feedback is for tasks that ended")
+    episode = episode_store.latest_episode(session, task_id)
+    reward = episode_store.add_reward(
+        session,
+        source="client",
+        value=body.reward,
+        task_id=task_id,
+        episode_id=episode.id if episode else None,
+        comment=body.comment,
+    )
+    session.flush()
+    return reward
+
+
+def list_apps(principal: Principal, world: str) -> list[AppPublic]:
+    provider = _world(world)
+    return [
+        AppPublic(
+            name=name, description=spec.description, kind="builtin", apis=sum(not a.hidden for a in spec.apis.values())
+        )
+        for name, spec in provider.apps.items()
+    ]
+
+
+def app_apis(principal: Principal, world: str, app: str) -> list[ApiDocPublic]:
+    provider = _world(world)
+    spec = provider.apps.get(app)
+    if spec is None:
+        raise NotFound(f"no app {app!r} in world {world!r}")
+    return [ApiDocPublic.model_validate(a.doc()) for a in spec.apis.values() if not a.hidden]
+
+
+# --- public views ---------------------------------------------------------------------------
+
+
+def task_public(task: Task) -> TaskPublic:
+    return TaskPublic(
+        id=task.id,
+        status=cast(TaskStatusName, task.status),
+        world=task.world,
+        task_ref=task.task_ref,
+        instruction=task.instruction,
+        apps=task.apps,
+        attempts=task.attempts,
+        cancel_requested=task.cancel_requested,
+        answer=task.answer,
+        reward=task.reward,
+        success=task.success,
+        error=task.error,
+        adapter=task.adapter,
+        metadata=task.options.get("metadata", {}),
+        created_at=task.created_at,
+        started_at=task.started_at,
+        finished_at=task.finished_at,
+    )
+
+
+def step_public(step: Step, attempt: int) -> StepPublic:
+    return StepPublic(
+        index=step.index,
+        attempt=attempt,
+        prompt_token_count=step.prompt_token_count,
+        output_token_ids=step.output_token_ids,
+        output_logprobs=step.output_logprobs,
+        output_text=step.output_text,
+        finish_reason=step.finish_reason,
+        action=ToolCallPublic.model_validate(step.action) if step.action else None,
+        observation=step.observation,
+        observation_token_ids=step.observation_token_ids,
+        error_kind=step.error_kind,
+        gen_s=step.gen_s,
+        env_s=step.env_s,
+        created_at=step.created_at,
+    )
+
+
+def episode_public(ep: Episode) -> EpisodePublic:
+    return EpisodePublic(
+        id=ep.id,
+        attempt=ep.attempt,
+        status=ep.status,
+        finish_reason=ep.finish_reason,
+        policy=ep.policy,
+        adapter=ep.adapter,
+        prompt_token_ids=ep.prompt_token_ids,
+        num_steps=ep.num_steps,
+        tokens_generated=ep.tokens_generated,
+        answer=ep.answer,
+    )
+
+
+def feedback_public(reward: Reward) -> FeedbackPublic:
+    assert reward.task_id is not None
+    return FeedbackPublic(
+        id=reward.id, task_id=reward.task_id, reward=reward.value, comment=reward.comment, created_at=reward.created_at
+    )

@@ -1,0 +1,52 @@
+"""World providers by name: the built-in world, and worlds that packages add through the
+`agentloop.worlds` entry-point group."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from functools import lru_cache
+from typing import Protocol
+
+from agentloop.apps.base import AppSpec
+from agentloop.apps.tasks import TaskSpec
+from agentloop.apps.world import World
+
+
+class WorldProvider(Protocol):
+    name: str
+
+    @property
+    def apps(self) -> Mapping[str, AppSpec]: ...
+
+    def new_world(self, seed: int, available: Sequence[str]) -> World: ...
+
+    def tasks(self, split: str | None = None) -> list[TaskSpec]: ...
+
+    def task(self, task_id: str) -> TaskSpec: ...
+
+    def task_world(self, task_id: str) -> World: ...
+
+
+class UnknownWorld(KeyError):
+    pass
+
+
+@lru_cache(maxsize=1)
+def worlds() -> dict[str, WorldProvider]:
+    from importlib.metadata import entry_points
+
+    from agentloop.apps.builtin import BUILTIN
+
+    found: dict[str, WorldProvider] = {BUILTIN.name: BUILTIN}
+    for ep in entry_points(group="agentloop.worlds"):
+        provider = ep.load()
+        provider = provider() if isinstance(provider, type) else provider
+        found[provider.name] = provider
+    return found
+
+
+def get_world(name: str) -> WorldProvider:
+    try:
+        return worlds()[name]
+    except KeyError:
+        raise UnknownWorld(f"unknown world {name!r}; known: {', '.join(sorted(worlds()))}") from None

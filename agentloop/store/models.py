@@ -1,0 +1,257 @@
+"""SQLAlchemy 2.0 tables: the system of record for tasks, episodes, steps, rewards and adapters."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+from sqlalchemy.types import TypeDecorator
+
+JSONType = sa.JSON().with_variant(JSONB(), "postgresql")
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def new_id() -> str:
+    return str(uuid.uuid4())
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Timezone-aware UTC datetimes on every backend (SQLite stores them naive)."""
+
+    impl = sa.DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: sa.Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to a UTC column; use agentloop.store.models.utcnow()")
+        return value.astimezone(UTC)
+
+    def process_result_value(self, value: datetime | None, dialect: sa.Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+NAMING = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    metadata = sa.MetaData(naming_convention=NAMING)
+    type_annotation_map = {datetime: UTCDateTime(), dict[str, Any]: JSONType, list[Any]: JSONType}
+
+
+class TaskStatus:
+    QUEUED = "queued"
+    RUNNING = "running"
+    FINISHED = "finished"  # the episode ran to its end; `success` and `reward` say how well
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    TERMINAL = (FINISHED, FAILED, CANCELLED)
+    ALL = (QUEUED, RUNNING, FINISHED, FAILED, CANCELLED)
+
+
+class Tenant(Base):
+    __tablename__ = "tenants"
+    id: Mapped[str] = mapped_column(sa.String(36), primary_key=True, default=new_id)
+    name: Mapped[str] = mapped_column(sa.String(100), unique=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class ApiKey(Base):
+    __tablename__ = "api_keys"
+    id: Mapped[str] = mapped_column(sa.String(36), primary_key=True, default=new_id)
+    tenant_id: Mapped[str] = mapped_column(sa.ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
+    role: Mapped[str] = mapped_column(sa.String(16))  # client | admin
+    name: Mapped[str] = mapped_column(sa.String(100), default="")
+    prefix: Mapped[str] = mapped_column(sa.String(16))  # shown in listings; the key itself is never stored
+    key_hash: Mapped[str] = mapped_column(sa.String(64), unique=True)  # sha256 hex of the full key
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    last_used_at: Mapped[datetime | None]
+    revoked_at: Mapped[datetime | None]
+
+    tenant: Mapped[Tenant] = relationship()
+
+
+class App(Base):
+    """An app registered by a tenant (OpenAPI document + base URL). Built-in apps live in code."""
+
+    __tablename__ = "apps"
+    __table_args__ = (sa.UniqueConstraint("tenant_id", "name"),)
+    id: Mapped[str] = mapped_column(sa.String(36), primary_key=True, default=new_id)
+    tenant_id: Mapped[str] = mapped_column(sa.ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(sa.String(64))
+    description: Mapped[str] = mapped_column(sa.Text, default="")
+    kind: Mapped[str] = mapped_column(sa.String(16), default="openapi")
+    spec: Mapped[dict[str, Any]]
+    base_url: Mapped[str] = mapped_column(sa.String(2048))
+    auth_header_encrypted: Mapped[str | None] = mapped_column(sa.Text)
+    allow_private: Mapped[bool] = mapped_column(default=False)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Task(Base):
+    __tablename__ = "tasks"
+    __table_args__ = (
+        sa.UniqueConstraint("tenant_id", "idempotency_key"),
+        sa.Index("ix_tasks_tenant_created", "tenant_id", "created_at"),
+        sa.Index("ix_tasks_status_lease", "status", "lease_expires_at"),
+    )
+    id: Mapped[str] = mapped_column(sa.String(36), primary_key=True, default=new_id)
+    tenant_id: Mapped[str] = mapped_column(sa.ForeignKey("tenants.id", ondelete="CASCADE"))
+    status: Mapped[str] = mapped_column(sa.String(16), default=TaskStatus.QUEUED)
+    world: Mapped[str] = mapped_column(sa.String(64))
+    task_ref: Mapped[str | None] = mapped_column(sa.String(200))
+    instruction: Mapped[str] = mapped_column(sa.Text)
+    apps: Mapped[list[Any]]
+    options: Mapped[dict[str, Any]]  # seed, max_turns, temperature, metadata
+    idempotency_key: Mapped[str | None] = mapped_column(sa.String(200))
+    request_hash: Mapped[str] = mapped_column(sa.String(64))
+    attempts: Mapped[int] = mapped_column(default=0)
+    lease_owner: Mapped[str | None] = mapped_column(sa.String(200))
+    lease_expires_at: Mapped[datetime | None]
+    dispatched_at: Mapped[datetime | None]
+    cancel_requested: Mapped[bool] = mapped_column(default=False)
+    error: Mapped[str | None] = mapped_column(sa.Text)
+    answer: Mapped[str | None] = mapped_column(sa.Text)
+    reward: Mapped[float | None]
+    success: Mapped[bool | None]
+    adapter: Mapped[str | None] = mapped_column(sa.String(200))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    started_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+
+class TrainingRun(Base):
+    __tablename__ = "training_runs"
+    id: Mapped[str] = mapped_column(sa.String(36), primary_key=True, default=new_id)
+    algo: Mapped[str] = mapped_column(sa.String(32))
+    status: Mapped[str] = mapped_column(sa.String(16), default="queued")
+    trigger: Mapped[str] = mapped_column(sa.String(32), default="admin")
+    config: Mapped[dict[str, Any]]
+    progress: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    metrics: Mapped[list[Any]] = mapped_column(default=list)
+    iteration: Mapped[int] = mapped_column(default=0)
+    error: Mapped[str | None] = mapped_column(sa.Text)
+    adapter: Mapped[str | None] = mapped_column(sa.String(200))
+    lease_owner: Mapped[str | None] = mapped_column(sa.String(200))
+    lease_expires_at: Mapped[datetime | None]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    started_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
+
+
+class Episode(Base):
+    """One attempt at a task (served) or one rollout (training); pinned to one adapter."""
+
+    __tablename__ = "episodes"
+    __table_args__ = (sa.Index("ix_episodes_task_attempt", "task_id", "attempt"),)
+    id: Mapped[str] = mapped_column(sa.String(36), primary_key=True, default=new_id)
+    task_id: Mapped[str | None] = mapped_column(sa.ForeignKey("tasks.id", ondelete="CASCADE"))
+    training_run_id: Mapped[str | None] = mapped_column(
+        sa.ForeignKey("training_runs.id", ondelete="CASCADE"), index=True
+    )
+    attempt: Mapped[int] = mapped_column(default=1)
+    kind: Mapped[str] = mapped_column(sa.String(16), default="served")  # served | rollout | eval
+    world: Mapped[str] = mapped_column(sa.String(64))
+    task_ref: Mapped[str | None] = mapped_column(sa.String(200))
+    seed: Mapped[int] = mapped_column(default=0)
+    instruction: Mapped[str] = mapped_column(sa.Text)
+    policy: Mapped[str] = mapped_column(sa.String(200))
+    adapter: Mapped[str | None] = mapped_column(sa.String(200))
+    status: Mapped[str] = mapped_column(sa.String(16), default="running")  # running|finished|abandoned|failed
+    finish_reason: Mapped[str | None] = mapped_column(sa.String(32))
+    prompt_token_ids: Mapped[list[Any]]
+    answer: Mapped[str | None] = mapped_column(sa.Text)
+    num_steps: Mapped[int] = mapped_column(default=0)
+    tokens_generated: Mapped[int] = mapped_column(default=0)
+    error: Mapped[str | None] = mapped_column(sa.Text)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    finished_at: Mapped[datetime | None]
+
+    steps: Mapped[list[Step]] = relationship(
+        back_populates="episode", order_by="Step.index", cascade="all, delete-orphan"
+    )
+
+
+class Step(Base):
+    """One agent turn: exactly the sampled token ids and their log-probs, the action and its result."""
+
+    __tablename__ = "steps"
+    __table_args__ = (sa.UniqueConstraint("episode_id", "index"),)
+    id: Mapped[int] = mapped_column(sa.BigInteger().with_variant(sa.Integer(), "sqlite"), primary_key=True)
+    episode_id: Mapped[str] = mapped_column(sa.ForeignKey("episodes.id", ondelete="CASCADE"))
+    index: Mapped[int]
+    prompt_token_count: Mapped[int]  # context length the turn was sampled from
+    output_token_ids: Mapped[list[Any]]
+    output_logprobs: Mapped[list[Any]]
+    output_text: Mapped[str] = mapped_column(sa.Text)
+    finish_reason: Mapped[str] = mapped_column(sa.String(16))  # stop | length
+    action: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
+    observation: Mapped[str] = mapped_column(sa.Text)
+    observation_token_ids: Mapped[list[Any]]  # appended to the context after the output
+    error_kind: Mapped[str | None] = mapped_column(sa.String(32))
+    gen_s: Mapped[float]
+    env_s: Mapped[float]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    episode: Mapped[Episode] = relationship(back_populates="steps")
+
+
+class Reward(Base):
+    __tablename__ = "rewards"
+    id: Mapped[int] = mapped_column(sa.BigInteger().with_variant(sa.Integer(), "sqlite"), primary_key=True)
+    episode_id: Mapped[str | None] = mapped_column(sa.ForeignKey("episodes.id", ondelete="CASCADE"), index=True)
+    task_id: Mapped[str | None] = mapped_column(sa.ForeignKey("tasks.id", ondelete="CASCADE"), index=True)
+    source: Mapped[str] = mapped_column(sa.String(16))  # evaluator | client | expert
+    value: Mapped[float]
+    success: Mapped[bool | None]
+    details: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    comment: Mapped[str | None] = mapped_column(sa.Text)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Demonstration(Base):
+    __tablename__ = "demonstrations"
+    id: Mapped[str] = mapped_column(sa.String(36), primary_key=True, default=new_id)
+    tenant_id: Mapped[str | None] = mapped_column(sa.ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
+    world: Mapped[str] = mapped_column(sa.String(64))
+    task_ref: Mapped[str | None] = mapped_column(sa.String(200))
+    instruction: Mapped[str] = mapped_column(sa.Text)
+    apps: Mapped[list[Any]]
+    actions: Mapped[list[Any]]  # [{"app", "api", "args", "observation"}]
+    answer: Mapped[str | None] = mapped_column(sa.Text)
+    source: Mapped[str] = mapped_column(sa.String(16))  # oracle | upload | logged | gold
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Adapter(Base):
+    __tablename__ = "adapters"
+    __table_args__ = (sa.UniqueConstraint("base_model", "version"),)
+    id: Mapped[int] = mapped_column(sa.Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(sa.String(200), unique=True)  # <base>@v<N>
+    base_model: Mapped[str] = mapped_column(sa.String(200))
+    version: Mapped[int]
+    parent: Mapped[str | None] = mapped_column(sa.String(200))
+    training_run_id: Mapped[str | None] = mapped_column(sa.ForeignKey("training_runs.id", ondelete="SET NULL"))
+    path: Mapped[str] = mapped_column(sa.String(2048))
+    sha256: Mapped[str] = mapped_column(sa.String(64))
+    status: Mapped[str] = mapped_column(sa.String(16), default="candidate")  # candidate|active|rejected|retired
+    metrics: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    activated_at: Mapped[datetime | None]

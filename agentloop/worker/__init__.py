@@ -1,0 +1,1 @@
+"""Celery app and its tasks: thin wrappers that take ids and call agent/ or learner/."""

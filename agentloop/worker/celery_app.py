@@ -1,0 +1,56 @@
+"""The Celery application. Queues: `episodes` (served tasks), `rollouts` (learner rollouts),
+`learner` (training iterations), `maintenance` (lease sweeps).
+
+Start a worker with `agentloop worker` (or `celery -A agentloop.worker.celery_app worker`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import Celery
+from kombu import Exchange, Queue
+
+from agentloop.settings import Settings, get_settings
+
+QUEUES = ("episodes", "rollouts", "learner", "maintenance")
+
+
+def create_celery(settings: Settings) -> Celery:
+    app = Celery("agentloop", broker=settings.broker, include=["agentloop.worker.tasks"])
+    # kombu's SQL transport hands its options to create_engine, so it gets none; it has no visibility
+    # timeout either (the lease sweeper recovers its lost messages).
+    transport: dict[str, Any] = (
+        {} if settings.broker_is_embedded else {"visibility_timeout": settings.visibility_timeout_s}
+    )
+    app.conf.update(
+        # Postgres is the system of record: no result backend, results are rows.
+        task_ignore_result=True,
+        result_backend=None,
+        # A message is acked only after its task ran; a worker that dies mid-task has it redelivered.
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        broker_transport_options=transport,
+        broker_connection_retry_on_startup=True,
+        task_queues=[Queue(q, Exchange(q, type="direct"), routing_key=q) for q in QUEUES],
+        task_default_queue="episodes",
+        task_routes={
+            "agentloop.run_episode": {"queue": "episodes"},
+            "agentloop.sweep_leases": {"queue": "maintenance"},
+        },
+        beat_schedule={
+            "sweep-leases": {
+                "task": "agentloop.sweep_leases",
+                "schedule": float(settings.sweep_interval_s),
+                "options": {"expires": float(settings.sweep_interval_s)},  # a missed sweep is not worth a backlog
+            }
+        },
+        worker_hijack_root_logger=False,
+        worker_send_task_events=False,
+        enable_utc=True,
+    )
+    return app
+
+
+app = create_celery(get_settings())

@@ -1,0 +1,43 @@
+"""Celery tasks: each takes ids and calls into agent/ or learner/."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import uuid
+from typing import Any
+
+from celery import Task as CeleryTask
+from sqlalchemy.exc import OperationalError
+
+from agentloop.agent.runner import run_served_task
+from agentloop.policy import get_policy
+from agentloop.settings import get_settings
+from agentloop.worker.celery_app import app
+from agentloop.worker.dispatch import sweep
+
+log = logging.getLogger(__name__)
+
+
+@app.task(
+    name="agentloop.run_episode",
+    bind=True,
+    # only the database going away is transient; everything else fails the task with its reason
+    autoretry_for=(OperationalError,),
+    retry_backoff=2,
+    retry_backoff_max=60,
+    retry_jitter=True,
+    max_retries=5,
+)
+def run_episode(self: CeleryTask, task_id: str) -> str:
+    settings = get_settings()
+    owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"  # unique per delivery
+    outcome = run_served_task(task_id, owner, get_policy(settings), settings)
+    log.info("task %s: %s", task_id, outcome)
+    return outcome
+
+
+@app.task(name="agentloop.sweep_leases")
+def sweep_leases() -> dict[str, Any]:
+    return sweep(get_settings())
