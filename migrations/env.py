@@ -42,7 +42,12 @@ def run_offline() -> None:
 
 def run_online() -> None:
     connectable = config.attributes.get("connection")
-    if connectable is not None:  # handed in by a caller (pytest-alembic)
+    if isinstance(connectable, sa.Engine):  # handed in by a caller (pytest-alembic)
+        with connectable.connect() as conn:
+            _run(conn)
+            conn.commit()
+        return
+    if connectable is not None:
         _run(connectable)
         return
     engine = make_engine(_url())

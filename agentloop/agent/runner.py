@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +33,10 @@ TRANSIENT = (OperationalError,)  # the database went away: give the task back an
 
 
 class Heartbeat(threading.Thread):
-    """Renews the task's lease while the episode runs; notices cancellation and a lost lease."""
+    """Renews the task's lease while the episode runs, and notices cancellation (within a second)
+    and a lost lease."""
+
+    CANCEL_POLL_S = 1.0
 
     def __init__(self, task_id: str, owner: str, settings: Settings) -> None:
         super().__init__(daemon=True, name=f"heartbeat-{task_id[:8]}")
@@ -42,14 +46,19 @@ class Heartbeat(threading.Thread):
         self.lost = False
 
     def run(self) -> None:
-        while not self.stop_event.wait(self.settings.heartbeat_s):
+        last_renewal = time.monotonic()
+        while not self.stop_event.wait(min(self.CANCEL_POLL_S, self.settings.heartbeat_s)):
             try:
                 with session_scope() as s:
-                    ours, cancel = task_store.renew_lease(s, self.task_id, self.owner, self.settings.lease_s)
+                    if time.monotonic() - last_renewal >= self.settings.heartbeat_s:
+                        ours, cancel = task_store.renew_lease(s, self.task_id, self.owner, self.settings.lease_s)
+                        last_renewal = time.monotonic()
+                        self.lost = not ours
+                    else:
+                        cancel = task_store.cancel_requested(s, self.task_id)
             except Exception as exc:  # a missed beat is retried next period; the lease outlives several
                 log.warning("heartbeat for task %s failed: %s", self.task_id, exc)
                 continue
-            self.lost = not ours
             self.cancelled = cancel
             if self.lost:
                 return

@@ -31,35 +31,44 @@ def error_response(exc: ServiceError, headers: dict[str, str] | None = None) -> 
 
 
 class BodyLimit:
-    """413 for bodies over the limit, whether or not they declare a Content-Length."""
+    """413 for bodies over the limit, whether or not they declare a Content-Length. The body is read
+    (up to the limit) before the app runs, so an over-long stream is refused before anything happens."""
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app, self.max_bytes = app, max_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS", "DELETE"):
             await self.app(scope, receive, send)
             return
-        too_large = TooLarge(f"request body over the {self.max_bytes}-byte limit")
+        too_large = error_response(TooLarge(f"request body over the {self.max_bytes}-byte limit"))
         declared = dict(scope.get("headers", [])).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            await error_response(too_large)(scope, receive, send)
+            await too_large(scope, receive, send)
             return
-        seen = 0
-
-        async def limited() -> Message:
-            nonlocal seen
+        chunks, size = [], 0
+        while True:
             message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
-                    raise too_large
-            return message
+            if message["type"] != "http.request":  # the client went away
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_bytes:
+                await too_large(scope, receive, send)
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body, replayed = b"".join(chunks), False
 
-        try:
-            await self.app(scope, limited, send)
-        except TooLarge as exc:
-            await error_response(exc)(scope, receive, send)
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
 
 
 def _route_of(request: Request) -> str:

@@ -77,8 +77,11 @@ def renew_lease(session: Session, task_id: str, owner: str, lease_s: float) -> t
     )
     if result.rowcount != 1:  # type: ignore[attr-defined]
         return False, False
-    cancel = session.scalar(sa.select(Task.cancel_requested).where(Task.id == task_id))
-    return True, bool(cancel)
+    return True, cancel_requested(session, task_id)
+
+
+def cancel_requested(session: Session, task_id: str) -> bool:
+    return bool(session.scalar(sa.select(Task.cancel_requested).where(Task.id == task_id)))
 
 
 def release_task(session: Session, task_id: str, owner: str, note: str) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from celery import Celery
-from kombu import Exchange, Queue
+from kombu import Exchange, Queue, pools
 
 from agentloop.settings import Settings, get_settings
 
@@ -17,13 +17,20 @@ QUEUES = ("episodes", "rollouts", "learner", "maintenance")
 
 
 def create_celery(settings: Settings) -> Celery:
-    app = Celery("agentloop", broker=settings.broker, include=["agentloop.worker.tasks"])
+    app = Celery("agentloop", include=["agentloop.worker.tasks"])
+    configure(app, settings)
+    return app
+
+
+def configure(app: Celery, settings: Settings) -> None:
+    """(Re)apply settings to the app; drops pooled broker connections made under older settings."""
     # kombu's SQL transport hands its options to create_engine, so it gets none; it has no visibility
     # timeout either (the lease sweeper recovers its lost messages).
     transport: dict[str, Any] = (
         {} if settings.broker_is_embedded else {"visibility_timeout": settings.visibility_timeout_s}
     )
     app.conf.update(
+        broker_url=settings.broker,
         # Postgres is the system of record: no result backend, results are rows.
         task_ignore_result=True,
         result_backend=None,
@@ -50,7 +57,12 @@ def create_celery(settings: Settings) -> Celery:
         worker_send_task_events=False,
         enable_utc=True,
     )
-    return app
+    if settings.broker_is_embedded:
+        settings.ensure_home()  # the broker's SQLite file lives there
+    if app._pool is not None:
+        pools.reset()  # close and forget kombu's process-wide pools built for the old broker
+        app._pool = None
+        app.amqp._producer_pool = None
 
 
 app = create_celery(get_settings())

