@@ -1,11 +1,11 @@
 """The `agentloop` command.
 
-agentloop serve [--host H] [--port P] [--grpc-port G]   REST (and gRPC) API; in embedded mode also a worker
-agentloop worker [--queues ...] [--pool ...]              a Celery worker
-agentloop beat                                            the Celery beat scheduler (lease sweeps)
-agentloop migrate                                         upgrade the database schema
-agentloop keys create --tenant T --role client|admin      print a new API key (once)
-agentloop demo                                            run a few built-in tasks and print each step
+agentloop serve [--host H] [--port P]                  REST API; with the embedded broker also a worker
+agentloop worker [--queues ...] [--pool ...]           a Celery worker
+agentloop beat                                         the Celery beat scheduler (lease sweeps)
+agentloop migrate                                      upgrade the database schema
+agentloop keys create --tenant T --role client|admin   print a new API key (once); also list, revoke
+agentloop demo                                         run built-in tasks and print each step
 """
 
 from __future__ import annotations
@@ -67,7 +67,6 @@ def _bootstrap_key(settings: Settings) -> Path | None:
 def serve(
     host: str = typer.Option(None, help="Bind address (default AGENTLOOP_HOST)."),
     port: int = typer.Option(None, help="REST port (default AGENTLOOP_PORT)."),
-    grpc_port: int = typer.Option(None, help="gRPC port (default AGENTLOOP_GRPC_PORT; off if unset)."),
 ) -> None:
     """Run the API. With the embedded broker it also starts a worker (with beat) as a child process."""
     import uvicorn

@@ -82,7 +82,6 @@ class Settings(BaseSettings):
     # --- api ---------------------------------------------------------------------------------
     host: str = Field("127.0.0.1", description="REST bind address of `agentloop serve`.")
     port: int = Field(8000, description="REST port.")
-    grpc_port: int | None = Field(None, description="gRPC port (off unless set).")
     max_body_bytes: int = Field(1_048_576, description="Larger request bodies get 413.")
 
     @model_validator(mode="after")

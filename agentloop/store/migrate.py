@@ -10,14 +10,23 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
-ROOT = Path(__file__).resolve().parents[2]
+
+def _root() -> Path:
+    """Where alembic.ini and migrations/ are: the source tree, or the working directory (the image's /app)."""
+    for candidate in (Path(__file__).resolve().parents[2], Path.cwd()):
+        if (candidate / "alembic.ini").exists() and (candidate / "migrations").is_dir():
+            return candidate
+    raise FileNotFoundError(
+        "alembic.ini and migrations/ not found: run agentloop from its source tree, or from the directory "
+        "that holds them (/app in the image)"
+    )
+
+
+ROOT = _root()
 
 
 def alembic_config(url: str | None = None) -> Config:
-    ini = ROOT / "alembic.ini"
-    if not ini.exists():
-        raise FileNotFoundError(f"{ini} not found: run agentloop from its source tree or image (/app)")
-    cfg = Config(str(ini))
+    cfg = Config(str(ROOT / "alembic.ini"))
     cfg.set_main_option("script_location", str(ROOT / "migrations"))
     if url:
         cfg.set_main_option("sqlalchemy.url", url)

@@ -8,7 +8,8 @@ from collections.abc import Mapping, Sequence
 from functools import cached_property, lru_cache
 
 from agentloop.apps.base import AppSpec
-from agentloop.apps.builtin import api_docs, notes, supervisor, wallet
+from agentloop.apps.builtin.apps import discover as discover_apps
+from agentloop.apps.builtin.apps import supervisor
 from agentloop.apps.builtin.people import make_world_data
 from agentloop.apps.evaluation import StateEvaluator
 from agentloop.apps.tasks import Scenario, TaskSpec, task_seed
@@ -16,7 +17,7 @@ from agentloop.apps.world import ALWAYS_AVAILABLE, World, WorldState, add_login_
 
 
 def _apps() -> dict[str, AppSpec]:
-    specs = [api_docs.app, supervisor.app, notes.app, wallet.app]
+    specs = discover_apps()
     for spec in specs:
         if spec.login and "login" not in spec.apis:
             add_login_api(spec)
@@ -56,9 +57,9 @@ class BuiltinWorld:
 
     @cached_property
     def scenarios(self) -> list[Scenario]:
-        from agentloop.apps.builtin.scenarios import SCENARIOS
+        from agentloop.apps.builtin.scenarios import discover
 
-        return SCENARIOS
+        return discover()
 
     @cached_property
     def _tasks(self) -> dict[str, tuple[TaskSpec, bytes]]:

@@ -1,0 +1,36 @@
+"""Helpers scenario modules share: who the supervisor is, planting records, dates."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from agentloop.apps.builtin.people import iso
+from agentloop.apps.world import World
+
+
+def me(world: World) -> dict[str, Any]:
+    """The supervisor's profile (first_name, last_name, email, phone, ...)."""
+    profile: dict[str, Any] = world.state["supervisor"]["profile"]["1"]
+    return profile
+
+
+def my_email(world: World) -> str:
+    return str(me(world)["email"])
+
+
+def plant(world: World, app: str, table: str, record: dict[str, Any]) -> dict[str, Any]:
+    """Add a record the task needs to the initial state, with the table's next integer id."""
+    rows = world.state[app][table]
+    rid = max((int(k) for k in rows), default=0) + 1
+    record = {"id": rid, **record}
+    rows[str(rid)] = record
+    return record
+
+
+def days_ago(world: World, days: float) -> str:
+    return iso(world.now - timedelta(days=days))
+
+
+def days_ahead(world: World, days: float) -> str:
+    return iso(world.now + timedelta(days=days))
