@@ -22,7 +22,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "agentloop.cli", *args], capture_output=True, text=True, timeout=120)
 
 
-def serve_and_run_one_task(processes, isolated_home, port: int, timeout: float) -> dict:
+def start_serve(processes, port: int) -> str:
     processes.start("serve", "--port", str(port), name="serve")
     base = f"http://127.0.0.1:{port}"
 
@@ -33,6 +33,11 @@ def serve_and_run_one_task(processes, isolated_home, port: int, timeout: float) 
             return False
 
     wait_for(up, 120, "the service to start", processes.logs)
+    return base
+
+
+def serve_and_run_one_task(processes, isolated_home, port: int, timeout: float) -> dict:
+    base = start_serve(processes, port)
     key = (isolated_home / "admin.key").read_text().strip()
     auth = {"Authorization": f"Bearer {key}"}
     task = httpx.post(f"{base}/v1/tasks", json=REQUEST, headers=auth).json()
@@ -66,6 +71,33 @@ def test_embedded_serve_with_the_default_model(processes, isolated_home, model_c
     assert out["task"]["status"] == "finished", out["task"]
     texts = [s["output_text"] for s in out["steps"]["items"]]
     assert len(texts) == 2 and all(t.strip() for t in texts)
+
+
+def test_demo_prints_each_step_and_the_reward(processes, isolated_home, tiny_model_dir, configure_env):
+    configure_env(MODEL=tiny_model_dir, AGENT_MAX_NEW_TOKENS=8)
+    url = start_serve(processes, free_port())
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "agentloop.cli",
+            "demo",
+            "--url",
+            url,
+            "--tasks",
+            "wallet_balance-1,notes_wifi_password-2",
+            "--max-turns",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert "What is the password of my home wifi?" in out
+    assert out.count("step 0") == 2 and out.count("step 1") == 2
+    assert out.count("reward=") == 2
 
 
 def test_keys_create_prints_a_working_key_once(sqlite_db):
