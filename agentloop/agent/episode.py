@@ -80,7 +80,9 @@ class Episode:
     def __post_init__(self) -> None:
         profile = self.world.state["supervisor"]["profile"]["1"]
         apps = [(name, self.world.apps[name].description) for name in self.world.available]
-        self.prompt_token_ids = self.fmt.opening(render_system(profile, apps), render_task(profile, self.instruction))
+        self.prompt_token_ids = self.fmt.opening(
+            render_system(profile, apps), render_task(profile, self.instruction, self.world.now)
+        )
         self.context = list(self.prompt_token_ids)
 
     @property

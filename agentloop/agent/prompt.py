@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from agentloop.agent.actions import render_action
@@ -45,10 +46,11 @@ def render_system(supervisor: dict[str, Any], apps: list[tuple[str, str]]) -> st
     )
 
 
-def render_task(supervisor: dict[str, Any], instruction: str) -> str:
+def render_task(supervisor: dict[str, Any], instruction: str, now: datetime) -> str:
     return (
         f"I am {supervisor['first_name']} {supervisor['last_name']}. My email is {supervisor['email']} and "
-        f"my phone number is {supervisor['phone']}.\nTask: {instruction}"
+        f"my phone number is {supervisor['phone']}. It is now {now:%A, %B} {now.day}, {now:%Y, %H:%M} UTC.\n"
+        f"Task: {instruction}"
     )
 
 

@@ -148,12 +148,20 @@ class CallContext:
         return rec
 
     def insert(self, table: str, record: Record) -> Record:
-        """Add a record with the next integer id (deterministic, like a database sequence)."""
-        rows = self.world.state[self.app][table]
-        next_id = max((int(k) for k in rows), default=0) + 1
-        record = {"id": next_id, **record}
-        rows[str(next_id)] = record
-        return record
+        """Add a record with the table's next id (deterministic, like a database sequence)."""
+        return insert_record(self.world.state[self.app], table, record)
+
+
+def insert_record(app_state: AppState, table: str, record: Record) -> Record:
+    """Insert with the next id of the table's sequence. Ids are never reused, so a deleted record
+    and a new one are a removal and an addition in a diff, not an update."""
+    rows = app_state[table]
+    seq = app_state.setdefault("_sequences", {}).setdefault(table, {"next": 1})
+    next_id = max(seq["next"], max((int(k) for k in rows), default=0) + 1)
+    seq["next"] = next_id + 1
+    record = {"id": next_id, **record}
+    rows[str(next_id)] = record
+    return record
 
 
 @dataclass

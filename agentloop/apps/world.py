@@ -40,6 +40,13 @@ class World:
     calls: list[CallRecord] = field(default_factory=list)
     _token_counter: int = 0
 
+    def attach(self, spec: AppSpec) -> None:
+        """Make one more app (an external one) available in this world; it keeps no state here."""
+        if spec.name in self.apps:
+            raise ValueError(f"an app named {spec.name!r} already exists in this world")
+        self.apps = {**self.apps, spec.name: spec}
+        self.available = [*self.available, spec.name]
+
     # --- calls -----------------------------------------------------------------------------
     def api_of(self, app: str, api: str) -> Api:
         if app not in self.apps or app not in self.available:
@@ -89,6 +96,14 @@ class World:
     # --- snapshots ---------------------------------------------------------------------------
     def snapshot(self) -> bytes:
         return pickle.dumps((self.state, self.answer, self.completed, self._token_counter))
+
+    @classmethod
+    def from_snapshot(
+        cls, name: str, seed: int, now: datetime, apps: Mapping[str, AppSpec], available: list[str], snap: bytes
+    ) -> World:
+        world = cls(name=name, seed=seed, now=now, apps=apps, state={}, available=available)
+        world.restore(snap)
+        return world
 
     def restore(self, snap: bytes) -> None:
         self.state, self.answer, self.completed, self._token_counter = pickle.loads(snap)

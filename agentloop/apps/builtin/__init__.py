@@ -10,7 +10,7 @@ from functools import cached_property, lru_cache
 from agentloop.apps.base import AppSpec
 from agentloop.apps.builtin.apps import discover as discover_apps
 from agentloop.apps.builtin.apps import supervisor
-from agentloop.apps.builtin.people import make_world_data
+from agentloop.apps.builtin.people import NOW, make_world_data
 from agentloop.apps.evaluation import StateEvaluator
 from agentloop.apps.tasks import Scenario, TaskSpec, task_seed
 from agentloop.apps.world import ALWAYS_AVAILABLE, World, WorldState, add_login_api
@@ -35,7 +35,11 @@ def _base_state(seed: int) -> bytes:
     for name, spec in APPS.items():
         if spec.build_state is not None:
             state[name] = spec.build_state(data)
-    return pickle.dumps((state, data.now))
+    return pickle.dumps(state)
+
+
+def _visible(available: Sequence[str]) -> list[str]:
+    return list(ALWAYS_AVAILABLE) + [a for a in available if a not in ALWAYS_AVAILABLE]
 
 
 class BuiltinWorld:
@@ -51,9 +55,8 @@ class BuiltinWorld:
         unknown = [a for a in available if a not in APPS]
         if unknown:
             raise KeyError(f"unknown built-in app(s): {', '.join(unknown)}")
-        state, now = pickle.loads(_base_state(seed))
-        visible = list(ALWAYS_AVAILABLE) + [a for a in available if a not in ALWAYS_AVAILABLE]
-        return World(name=self.name, seed=seed, now=now, apps=APPS, state=state, available=visible)
+        state = pickle.loads(_base_state(seed))
+        return World(name=self.name, seed=seed, now=NOW, apps=APPS, state=state, available=_visible(available))
 
     @cached_property
     def scenarios(self) -> list[Scenario]:
@@ -97,9 +100,7 @@ class BuiltinWorld:
     def task_world(self, task_id: str) -> World:
         """A fresh world in the task's initial state."""
         spec, snap = self._tasks[task_id]
-        world = self.new_world(spec.seed, spec.apps)
-        world.restore(snap)
-        return world
+        return World.from_snapshot(self.name, spec.seed, NOW, APPS, _visible(spec.apps), snap)
 
 
 BUILTIN = BuiltinWorld()

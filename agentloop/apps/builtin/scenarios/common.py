@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+from agentloop.apps.base import insert_record
 from agentloop.apps.builtin.people import iso
 from agentloop.apps.world import World
 
@@ -21,11 +22,7 @@ def my_email(world: World) -> str:
 
 def plant(world: World, app: str, table: str, record: dict[str, Any]) -> dict[str, Any]:
     """Add a record the task needs to the initial state, with the table's next integer id."""
-    rows = world.state[app][table]
-    rid = max((int(k) for k in rows), default=0) + 1
-    record = {"id": rid, **record}
-    rows[str(rid)] = record
-    return record
+    return insert_record(world.state[app], table, record)
 
 
 def days_ago(world: World, days: float) -> str:
