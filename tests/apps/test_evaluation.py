@@ -87,3 +87,21 @@ def test_question_needs_the_right_answer():
 def test_contains_matcher():
     assert contains("Settled")("all settled now")
     assert not contains("settled")(42)
+
+
+def test_volatile_field_changed_along_with_an_expected_update():
+    before = {"files": {"files": {"1": {"id": 1, "content": "a", "last_opened_at": None}}}}
+    after = {"files": {"files": {"1": {"id": 1, "content": "b", "last_opened_at": "2025-06-02T09:00:00Z"}}}}
+    ev = StateEvaluator((updated("files", "files", 1, content="b"),), volatile={"files": frozenset({"last_opened_at"})})
+    assert ev.evaluate(before, after, None).success
+    strict = StateEvaluator((updated("files", "files", 1, content="b"),))
+    assert not strict.evaluate(before, after, None).success
+
+
+def test_inserted_ids_are_never_reused():
+    from agentloop.apps.base import insert_record
+
+    app_state = {"notes": {"1": {"id": 1}, "2": {"id": 2}}}
+    assert insert_record(app_state, "notes", {})["id"] == 3
+    del app_state["notes"]["3"]
+    assert insert_record(app_state, "notes", {})["id"] == 4

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pickle
 import random
+import zlib
 from collections.abc import Mapping, Sequence
 from functools import cached_property, lru_cache
 
@@ -25,9 +26,15 @@ def _apps() -> dict[str, AppSpec]:
 
 
 APPS: dict[str, AppSpec] = _apps()
+VOLATILE = {name: spec.volatile_fields for name, spec in APPS.items()}
+WORLD_POOL = 24  # tasks start from one of this many generated worlds (plus their own setup)
 
 
-@lru_cache(maxsize=64)
+def world_seed(task_id: str) -> int:
+    return zlib.crc32(f"world:{task_id}".encode()) % WORLD_POOL
+
+
+@lru_cache(maxsize=WORLD_POOL)
 def _base_state(seed: int) -> bytes:
     data = make_world_data(seed)
     account_apps = [name for name, spec in APPS.items() if spec.login]
@@ -65,41 +72,49 @@ class BuiltinWorld:
         return discover()
 
     @cached_property
-    def _tasks(self) -> dict[str, tuple[TaskSpec, bytes]]:
-        tasks: dict[str, tuple[TaskSpec, bytes]] = {}
-        volatile = {name: spec.volatile_fields for name, spec in APPS.items()}
-        for sc in self.scenarios:
-            for variant in range(1, sc.variants + 1):
-                task_id = f"{sc.id}-{variant}"
-                seed = task_seed(task_id)
-                world = self.new_world(seed, sc.apps)
-                inst = sc.setup(world, random.Random(seed))
-                spec = TaskSpec(
-                    id=task_id,
-                    scenario_id=sc.id,
-                    split=sc.split,
-                    difficulty=sc.difficulty,
-                    instruction=inst.instruction,
-                    apps=sc.apps,
-                    seed=seed,
-                    evaluator=StateEvaluator(tuple(inst.expectations), inst.answer, volatile),
-                    oracle=inst.oracle,
-                )
-                tasks[task_id] = (spec, world.snapshot())
-        return tasks
+    def _scenario_of(self) -> dict[str, Scenario]:
+        """Every task id and its scenario, known without building any world."""
+        return {f"{sc.id}-{v}": sc for sc in self.scenarios for v in range(1, sc.variants + 1)}
+
+    def _build(self, task_id: str) -> tuple[TaskSpec, bytes]:
+        """A task and its initial state: its scenario's setup on one of the pooled base worlds."""
+        if task_id not in self._built:
+            sc = self._scenario_of[task_id]
+            seed = world_seed(task_id)
+            world = self.new_world(seed, sc.apps)
+            inst = sc.setup(world, random.Random(task_seed(task_id)))
+            spec = TaskSpec(
+                id=task_id,
+                scenario_id=sc.id,
+                split=sc.split,
+                difficulty=sc.difficulty,
+                instruction=inst.instruction,
+                apps=sc.apps,
+                seed=seed,
+                evaluator=StateEvaluator(tuple(inst.expectations), inst.answer, VOLATILE),
+                oracle=inst.oracle,
+            )
+            self._built[task_id] = (spec, world.snapshot())
+        return self._built[task_id]
+
+    @cached_property
+    def _built(self) -> dict[str, tuple[TaskSpec, bytes]]:
+        return {}
+
+    def task_ids(self, split: str | None = None) -> list[str]:
+        return [tid for tid, sc in self._scenario_of.items() if split is None or sc.split == split]
 
     def tasks(self, split: str | None = None) -> list[TaskSpec]:
-        return [t for t, _ in self._tasks.values() if split is None or t.split == split]
+        return [self._build(tid)[0] for tid in self.task_ids(split)]
 
     def task(self, task_id: str) -> TaskSpec:
-        try:
-            return self._tasks[task_id][0]
-        except KeyError:
-            raise KeyError(f"unknown built-in task {task_id!r}") from None
+        if task_id not in self._scenario_of:
+            raise KeyError(f"unknown built-in task {task_id!r}")
+        return self._build(task_id)[0]
 
     def task_world(self, task_id: str) -> World:
         """A fresh world in the task's initial state."""
-        spec, snap = self._tasks[task_id]
+        spec, snap = self._build(task_id)
         return World.from_snapshot(self.name, spec.seed, NOW, APPS, _visible(spec.apps), snap)
 
 

@@ -195,7 +195,6 @@ def files_append_line(world: World, rng: random.Random) -> TaskInstance:
         phrasing.format(i=item, p=path),
         oracle,
         [
-            # last_opened_at is volatile, but an update expectation must still name it when other fields change too
             updated(
                 "files",
                 "files",
@@ -203,7 +202,6 @@ def files_append_line(world: World, rng: random.Random) -> TaskInstance:
                 content=expected,
                 size_bytes=anything,
                 modified_at=anything,
-                last_opened_at=anything,
             )
         ],
     )
