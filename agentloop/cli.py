@@ -11,6 +11,7 @@ agentloop demo                                         run built-in tasks and pr
 from __future__ import annotations
 
 import atexit
+import json
 import logging
 import os
 import signal
@@ -26,6 +27,8 @@ from agentloop.settings import Settings, get_settings
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="agentloop: agents as a service that learn online.")
 keys_app = typer.Typer(no_args_is_help=True, help="API keys.")
 app.add_typer(keys_app, name="keys")
+world_app = typer.Typer(no_args_is_help=True, help="Worlds: the built-in one and those plugins add.")
+app.add_typer(world_app, name="world")
 
 log = logging.getLogger("agentloop")
 
@@ -215,6 +218,98 @@ def demo(
 
     api_key = key or _read_key_file(settings)
     raise typer.Exit(run_demo(url, api_key, [t.strip() for t in tasks.split(",") if t.strip()], max_turns))
+
+
+@world_app.command("stats")
+def world_stats(
+    world: str = typer.Option("builtin", help="World name."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Apps, APIs, scenarios and tasks of a world."""
+    _setup()
+    from collections import Counter
+
+    from agentloop.apps.registry import get_world
+
+    provider = get_world(world)
+    tasks = provider.tasks()
+    stats = {
+        "world": world,
+        "apps": len(provider.apps),
+        "apis": sum(not a.hidden for spec in provider.apps.values() for a in spec.apis.values()),
+        "scenarios": len({t.scenario_id for t in tasks}),
+        "tasks": len(tasks),
+        "splits": dict(sorted(Counter(t.split for t in tasks).items())),
+        "difficulty": {str(k): v for k, v in sorted(Counter(t.difficulty for t in tasks).items())},
+        "apis_per_app": {name: sum(not a.hidden for a in spec.apis.values()) for name, spec in provider.apps.items()},
+    }
+    if as_json:
+        typer.echo(json.dumps(stats))
+        return
+    for key, value in stats.items():
+        typer.echo(f"{key:>13}: {value}")
+
+
+@world_app.command("tasks")
+def world_tasks(
+    world: str = typer.Option("builtin", help="World name."),
+    split: str = typer.Option(None, help="Only this split (train, dev, test_normal, test_challenge)."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON object per line."),
+) -> None:
+    """List a world's tasks."""
+    _setup()
+    from agentloop.apps.registry import get_world
+
+    for task in get_world(world).tasks(split):
+        if as_json:
+            typer.echo(json.dumps(task.summary()))
+        else:
+            typer.echo(f"{task.id:<40} {task.split:<15} d{task.difficulty}  {task.instruction}")
+
+
+@app.command("eval")
+def eval_command(
+    world: str = typer.Option("builtin", help="World whose tasks to run."),
+    split: str = typer.Option("dev", help="Split to run (train, dev, test_normal, test_challenge)."),
+    policy: str = typer.Option("model", help="oracle, random, model, or model@<adapter name or directory>."),
+    k: int = typer.Option(1, min=1, help="Episodes per task."),
+    limit: int = typer.Option(None, min=1, help="Only the first N tasks of the split."),
+    app_name: str = typer.Option(None, "--app", help="Evaluate on a registered external app instead."),
+    tenant: str = typer.Option(None, help="Tenant that registered --app (needed if several did)."),
+    task_refs: Path = typer.Option(None, help="With --app: file with one task ref per line (default: all)."),
+    max_turns: int = typer.Option(None, min=1, help="Turn limit (default AGENTLOOP_AGENT_MAX_TURNS)."),
+    max_new_tokens: int = typer.Option(
+        None, min=1, help="New tokens per turn (default AGENTLOOP_AGENT_MAX_NEW_TOKENS)."
+    ),
+    temperature: float = typer.Option(0.0, min=0.0, help="Sampling temperature (0 = greedy)."),
+    batch_size: int = typer.Option(None, min=1, help="Episodes decoded together (default AGENTLOOP_MAX_BATCH_SIZE)."),
+    as_json: bool = typer.Option(False, "--json", help="End with one JSON line of metrics."),
+) -> None:
+    """Run a policy over a split and print TGC/SGC (per split and difficulty). The run is stored."""
+    from agentloop.agent.eval_runs import run_eval_command
+
+    settings = _setup()
+    _migrate_if_embedded(settings)
+    try:
+        summary = run_eval_command(
+            settings,
+            world=world,
+            split=split,
+            policy=policy,
+            k=k,
+            limit=limit,
+            app_name=app_name,
+            tenant=tenant,
+            task_refs=task_refs,
+            max_turns=max_turns,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            batch_size=batch_size,
+        )
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    if as_json:
+        typer.echo(json.dumps(summary))
 
 
 def _read_key_file(settings: Settings) -> str:

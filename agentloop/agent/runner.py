@@ -14,13 +14,15 @@ from sqlalchemy.exc import OperationalError
 
 from agentloop import events
 from agentloop.agent.episode import Episode, Limits, Turn, run_episodes
+from agentloop.agent.evaluate import Evaluator
 from agentloop.agent.prompt import ChatFormat
-from agentloop.apps.evaluation import StateEvaluator
+from agentloop.apps.external import RemoteEvaluator, split_task_ref
 from agentloop.apps.registry import get_world
 from agentloop.apps.world import World
 from agentloop.policy.base import Policy
 from agentloop.settings import Settings
 from agentloop.store import adapters as adapter_store
+from agentloop.store import apps as app_store
 from agentloop.store import episodes as episode_store
 from agentloop.store import tasks as task_store
 from agentloop.store.db import session_scope
@@ -72,15 +74,37 @@ class Heartbeat(threading.Thread):
 @dataclass
 class Prepared:
     world: World
-    evaluator: StateEvaluator | None
+    evaluator: Evaluator | None
 
 
-def prepare_world(task: Task) -> Prepared:
+def prepare_world(task: Task, settings: Settings) -> Prepared:
+    """The task's world: built-in apps from its world provider, the tenant's registered apps attached;
+    an external task ("<app>:<ref>") is reset in the app first and evaluated by it afterwards."""
     provider = get_world(task.world)
-    if task.task_ref:
-        spec = provider.task(task.task_ref)
-        return Prepared(provider.task_world(task.task_ref), spec.evaluator)
-    return Prepared(provider.new_world(int(task.options.get("seed", 0)), task.apps), None)
+    with session_scope() as s:
+        registered = {
+            row.name: app_store.to_external(row, settings.secret_key)
+            for row in app_store.list_apps(s, task.tenant_id)
+            if row.name in task.apps
+        }
+    external_ref = split_task_ref(task.task_ref) if task.task_ref else None
+    evaluator: Evaluator | None = None
+    if external_ref and external_ref[0] in registered:
+        app = registered[external_ref[0]]
+        environment = app.environment()
+        if environment is None:
+            raise ValueError(f"app {app.name!r} no longer declares agentloop_reset/agentloop_evaluate")
+        environment.reset(external_ref[1])
+        world = provider.new_world(int(task.options.get("seed", 0)), [])
+        evaluator = RemoteEvaluator(environment, external_ref[1])
+    elif task.task_ref:
+        world = provider.task_world(task.task_ref)
+        evaluator = provider.task(task.task_ref).evaluator
+    else:
+        world = provider.new_world(int(task.options.get("seed", 0)), [a for a in task.apps if a not in registered])
+    for app in registered.values():
+        world.attach(app.spec())
+    return Prepared(world, evaluator)
 
 
 def pin_adapter(policy: Policy, settings: Settings) -> str | None:
@@ -111,7 +135,7 @@ def run_served_task(task_id: str, owner: str, policy: Policy, settings: Settings
     events.publish(events.task_channel(task_id), {"type": "status"})
 
     try:
-        prepared = prepare_world(task)
+        prepared = prepare_world(task, settings)
         adapter = pin_adapter(policy, settings)
     except TRANSIENT:
         _release(task_id, owner, "database unavailable while starting; retrying")

@@ -126,11 +126,29 @@ class FeedbackPublic(BaseModel):
     created_at: datetime
 
 
+class AuthHeader(Strict):
+    name: str = Field(..., min_length=1, max_length=100, pattern=r"^[A-Za-z0-9-]+$")
+    value: str = Field(..., min_length=1, max_length=4096)
+
+
+class AppCreate(Strict):
+    """An external app: its OpenAPI 3 document and where it is served."""
+
+    name: str = Field(..., pattern=r"^[a-z][a-z0-9_]{1,39}$", description="How the agent names the app.")
+    description: str = Field("", max_length=2_000)
+    openapi: dict[str, Any] = Field(..., description="The OpenAPI 3 document; each operationId becomes an API.")
+    base_url: str = Field(..., max_length=2_000, description="Where the operations' paths are served.")
+    auth_header: AuthHeader | None = Field(None, description="Sent on every call; stored encrypted.")
+    allow_private: bool = Field(False, description="Allow loopback/private addresses (admin keys only).")
+
+
 class AppPublic(BaseModel):
     name: str
     description: str
     kind: Literal["builtin", "openapi"]
     apis: int
+    base_url: str | None = None
+    resettable: bool = Field(False, description="Declares agentloop_reset/evaluate: usable for eval and training.")
 
 
 class ApiParameterPublic(BaseModel):

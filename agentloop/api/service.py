@@ -16,9 +16,17 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from agentloop.api.auth import Principal
-from agentloop.api.errors import Conflict, IdempotencyKeyReused, InvalidRequest, NotFound
+from agentloop.api.errors import (
+    Conflict,
+    IdempotencyKeyReused,
+    InvalidRequest,
+    NotFound,
+    PermissionDenied,
+    Unavailable,
+)
 from agentloop.api.schemas import (
     ApiDocPublic,
+    AppCreate,
     AppPublic,
     EpisodePublic,
     FeedbackCreate,
@@ -29,11 +37,16 @@ from agentloop.api.schemas import (
     TaskStatusName,
     ToolCallPublic,
 )
+from agentloop.apps.base import ApiError
+from agentloop.apps.external import ExternalApp, split_task_ref
+from agentloop.apps.openapi import EVALUATE_OP, HIDDEN_OPS, RESET_OP, AppRegistrationError, Origin, parse_document
 from agentloop.apps.registry import UnknownWorld, WorldProvider, get_world
 from agentloop.apps.world import ALWAYS_AVAILABLE
+from agentloop.store import apps as app_store
 from agentloop.store import episodes as episode_store
 from agentloop.store import tasks as task_store
-from agentloop.store.models import Episode, Reward, Step, Task, TaskStatus, utcnow
+from agentloop.store.models import App, Episode, Reward, Step, Task, TaskStatus, utcnow
+from agentloop.store.secrets import encrypt
 
 MAX_PAGE = 100
 
@@ -50,27 +63,45 @@ def request_hash(body: TaskCreate) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def _resolve(body: TaskCreate) -> tuple[str, list[str]]:
-    """The instruction and apps of a new task, checked against its world."""
+def _resolve(session: Session, principal: Principal, body: TaskCreate, secret_key: str) -> tuple[str, list[str]]:
+    """The instruction and apps of a new task, checked against its world and the tenant's apps."""
     world = _world(body.world)
     if body.task_ref is not None:
+        external = split_task_ref(body.task_ref)
+        if external is not None and (app := external_app(session, principal, external[0], secret_key)):
+            return _external_task(app, external[1]), [app.name]
         try:
             spec = world.task(body.task_ref)
         except KeyError:
             raise InvalidRequest(
-                f"unknown task_ref {body.task_ref!r} in world {body.world!r}; list them with `agentloop world tasks`"
+                f"unknown task_ref {body.task_ref!r} in world {body.world!r}; list them with "
+                "`agentloop world tasks` (an external app's tasks are named '<app>:<task>')"
             ) from None
         return spec.instruction, list(spec.apps)
     assert body.instruction is not None and body.apps is not None
-    unknown = [a for a in body.apps if a not in world.apps]
+    registered = {row.name for row in app_store.list_apps(session, principal.tenant_id)}
+    unknown = [a for a in body.apps if a not in world.apps and a not in registered]
     if unknown:
-        known = ", ".join(a for a in world.apps if a not in ALWAYS_AVAILABLE)
+        known = ", ".join([a for a in world.apps if a not in ALWAYS_AVAILABLE] + sorted(registered))
         raise InvalidRequest(f"unknown app(s) {', '.join(map(repr, unknown))} in world {body.world!r}; known: {known}")
     return body.instruction, list(dict.fromkeys(body.apps))
 
 
+def _external_task(app: ExternalApp, ref: str) -> str:
+    environment = app.environment()
+    if environment is None:
+        raise InvalidRequest(f"app {app.name!r} declares no agentloop_reset/agentloop_evaluate: it has no tasks")
+    try:
+        offered = {t["task_ref"]: t for t in environment.tasks()}
+    except ApiError as exc:
+        raise Unavailable(f"could not list the tasks of app {app.name!r}: {exc.message}") from None
+    if ref not in offered:
+        raise InvalidRequest(f"app {app.name!r} offers no task {ref!r}")
+    return str(offered[ref].get("instruction", ""))
+
+
 def create_task(
-    session: Session, principal: Principal, body: TaskCreate, idempotency_key: str | None
+    session: Session, principal: Principal, body: TaskCreate, idempotency_key: str | None, secret_key: str
 ) -> tuple[Task, bool]:
     """Insert a queued task. Returns (task, created); a replayed Idempotency-Key returns the original."""
     digest = request_hash(body)
@@ -80,7 +111,7 @@ def create_task(
         existing = task_store.get_task_by_idempotency_key(session, principal.tenant_id, idempotency_key)
         if existing is not None:
             return _replay(existing, digest), False
-    instruction, apps = _resolve(body)
+    instruction, apps = _resolve(session, principal, body, secret_key)
     task = Task(
         tenant_id=principal.tenant_id,
         world=body.world,
@@ -204,21 +235,87 @@ def add_feedback(session: Session, principal: Principal, task_id: str, body: Fee
     return reward
 
 
-def list_apps(principal: Principal, world: str) -> list[AppPublic]:
+def external_app(session: Session, principal: Principal, name: str, secret_key: str) -> ExternalApp | None:
+    row = app_store.get_app(session, principal.tenant_id, name)
+    return app_store.to_external(row, secret_key) if row is not None else None
+
+
+def register_app(session: Session, principal: Principal, body: AppCreate, secret_key: str) -> App:
+    """Check the document and the address, then store the app (its auth header encrypted)."""
+    if body.name in _world("builtin").apps:
+        raise Conflict(f"{body.name!r} is the name of a built-in app; choose another name")
+    if body.allow_private and not principal.is_admin:
+        raise PermissionDenied(
+            "allow_private needs an admin key: only an admin may let the agent call loopback or private addresses"
+        )
+    try:
+        operations = parse_document(body.openapi)
+        Origin.parse(body.base_url).checked_addresses(body.allow_private)
+    except AppRegistrationError as exc:
+        raise InvalidRequest(str(exc)) from None
+    if not operations:
+        raise InvalidRequest("the document declares no operations (get, post, put, patch or delete)")
+    if app_store.get_app(session, principal.tenant_id, body.name) is not None:
+        raise Conflict(f"an app named {body.name!r} is already registered; delete it first to replace it")
+    header = encrypt(f"{body.auth_header.name}:{body.auth_header.value}", secret_key) if body.auth_header else None
+    row = App(
+        tenant_id=principal.tenant_id,
+        name=body.name,
+        description=body.description,
+        kind="openapi",
+        spec=body.openapi,
+        base_url=body.base_url,
+        auth_header_encrypted=header,
+        allow_private=body.allow_private,
+    )
+    try:
+        with session.begin_nested():
+            session.add(row)
+            session.flush()
+    except IntegrityError:
+        raise Conflict(f"an app named {body.name!r} is already registered") from None
+    return row
+
+
+def delete_app(session: Session, principal: Principal, name: str) -> None:
+    row = app_store.get_app(session, principal.tenant_id, name)
+    if row is None:
+        raise NotFound(f"no registered app {name!r}")
+    session.delete(row)
+
+
+def app_public(row: App) -> AppPublic:
+    ops = parse_document(row.spec)
+    ids = {o.operation_id for o in ops}
+    return AppPublic(
+        name=row.name,
+        description=row.description,
+        kind="openapi",
+        apis=sum(o.operation_id not in HIDDEN_OPS for o in ops),
+        base_url=row.base_url,
+        resettable={RESET_OP, EVALUATE_OP} <= ids,
+    )
+
+
+def list_apps(session: Session, principal: Principal, world: str) -> list[AppPublic]:
     provider = _world(world)
-    return [
+    builtin = [
         AppPublic(
             name=name, description=spec.description, kind="builtin", apis=sum(not a.hidden for a in spec.apis.values())
         )
         for name, spec in provider.apps.items()
     ]
+    return builtin + [app_public(row) for row in app_store.list_apps(session, principal.tenant_id)]
 
 
-def app_apis(principal: Principal, world: str, app: str) -> list[ApiDocPublic]:
+def app_apis(session: Session, principal: Principal, world: str, app: str, secret_key: str) -> list[ApiDocPublic]:
     provider = _world(world)
     spec = provider.apps.get(app)
     if spec is None:
-        raise NotFound(f"no app {app!r} in world {world!r}")
+        registered = external_app(session, principal, app, secret_key)
+        if registered is None:
+            raise NotFound(f"no app {app!r} in world {world!r} and no registered app of that name")
+        spec = registered.spec()
     return [ApiDocPublic.model_validate(a.doc()) for a in spec.apis.values() if not a.hidden]
 
 

@@ -156,6 +156,26 @@ class TrainingRun(Base):
     finished_at: Mapped[datetime | None]
 
 
+class EvalRun(Base):
+    """One `agentloop eval`: a policy run over a split of a world (or over an external app's tasks)."""
+
+    __tablename__ = "eval_runs"
+    id: Mapped[str] = mapped_column(sa.String(36), primary_key=True, default=new_id)
+    world: Mapped[str] = mapped_column(sa.String(64))
+    split: Mapped[str | None] = mapped_column(sa.String(32))
+    app: Mapped[str | None] = mapped_column(sa.String(64))  # an external app's name, for app evaluations
+    tenant_id: Mapped[str | None] = mapped_column(sa.ForeignKey("tenants.id", ondelete="CASCADE"))
+    policy: Mapped[str] = mapped_column(sa.String(200))
+    adapter: Mapped[str | None] = mapped_column(sa.String(200))
+    k: Mapped[int] = mapped_column(default=1)
+    config: Mapped[dict[str, Any]] = mapped_column(default=dict)  # limits, temperature, task count
+    status: Mapped[str] = mapped_column(sa.String(16), default="running")  # running | finished | failed
+    metrics: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    error: Mapped[str | None] = mapped_column(sa.Text)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    finished_at: Mapped[datetime | None]
+
+
 class Episode(Base):
     """One attempt at a task (served) or one rollout (training); pinned to one adapter."""
 
@@ -166,6 +186,7 @@ class Episode(Base):
     training_run_id: Mapped[str | None] = mapped_column(
         sa.ForeignKey("training_runs.id", ondelete="CASCADE"), index=True
     )
+    eval_run_id: Mapped[str | None] = mapped_column(sa.ForeignKey("eval_runs.id", ondelete="CASCADE"), index=True)
     attempt: Mapped[int] = mapped_column(default=1)
     kind: Mapped[str] = mapped_column(sa.String(16), default="served")  # served | rollout | eval
     world: Mapped[str] = mapped_column(sa.String(64))

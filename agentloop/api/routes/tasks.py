@@ -47,7 +47,7 @@ def create_task(
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key")] = None,
 ) -> TaskPublic:
     """Queue a task. The response comes once the task is stored; the agent runs it in the background."""
-    task, created = service.create_task(session, principal, body, idempotency_key)
+    task, created = service.create_task(session, principal, body, idempotency_key, get_settings().secret_key)
     session.commit()
     if created:
         publish_episode(task.id)

@@ -1,0 +1,78 @@
+"""A registered external app, ready for an episode: its AppSpec for the World, and, when it declares
+the agentloop_* operations, the environment that resets and evaluates its tasks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from agentloop.apps.base import ApiError, AppSpec
+from agentloop.apps.evaluation import TestResult, Verdict
+from agentloop.apps.openapi import (
+    HttpLimits,
+    Operation,
+    Origin,
+    RemoteClient,
+    RemoteEnvironment,
+    parse_document,
+    remote_app,
+)
+from agentloop.apps.world import WorldState
+
+SEPARATOR = ":"  # task refs of external apps are "<app>:<ref>"
+
+
+@dataclass
+class ExternalApp:
+    name: str
+    description: str
+    operations: list[Operation]
+    client: RemoteClient
+
+    @classmethod
+    def build(
+        cls,
+        name: str,
+        description: str,
+        document: dict[str, Any],
+        base_url: str,
+        allow_private: bool,
+        auth_header: tuple[str, str] | None = None,
+        limits: HttpLimits | None = None,
+    ) -> ExternalApp:
+        client = RemoteClient(Origin.parse(base_url), allow_private, auth_header, limits or HttpLimits())
+        managed = (auth_header[0],) if auth_header else ()
+        return cls(name, description, parse_document(document, managed), client)
+
+    def fork(self) -> ExternalApp:
+        """The same app with a client of its own (its own Agentloop-Episode), for one episode."""
+        return replace(self, client=replace(self.client, episode=None))
+
+    def spec(self) -> AppSpec:
+        return remote_app(self.name, self.description, self.operations, self.client)
+
+    def environment(self) -> RemoteEnvironment | None:
+        return RemoteEnvironment.of(self.operations, self.client)
+
+
+def split_task_ref(task_ref: str) -> tuple[str, str] | None:
+    """("app", "ref") for an external task ref "<app>:<ref>", else None."""
+    if SEPARATOR not in task_ref:
+        return None
+    app, ref = task_ref.split(SEPARATOR, 1)
+    return (app, ref) if app and ref else None
+
+
+@dataclass
+class RemoteEvaluator:
+    """Evaluation done by the app itself (agentloop_evaluate), in the episode it was reset for."""
+
+    environment: RemoteEnvironment
+    task_ref: str
+
+    def evaluate(self, before: WorldState, after: WorldState, answer: str | None) -> Verdict:
+        try:
+            passed, total = self.environment.evaluate(self.task_ref, answer)
+        except ApiError as exc:
+            return Verdict([TestResult("the app evaluated the episode", False, str(exc))])
+        return Verdict([TestResult(f"app test {i + 1} of {total}", i < passed) for i in range(total)])

@@ -1,0 +1,106 @@
+"""Evaluation runs: the oracle solves every split, a random policy solves nothing; the command works."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from agentloop.agent.episode import Limits
+from agentloop.agent.eval_runs import oracle_preparer, parse_policy, world_tasks
+from agentloop.agent.evaluate import run_eval, summarize
+from agentloop.apps.builtin import BUILTIN
+from agentloop.apps.tasks import SPLITS
+from agentloop.policy.random_policy import RandomPolicy
+from agentloop.policy.scripted import ScriptedPolicy
+
+
+@pytest.mark.parametrize("split", SPLITS)
+def test_oracle_tgc_is_100_on_every_split(split, tokenizer):
+    policy = ScriptedPolicy(tokenizer, name="oracle")
+    results = run_eval(
+        policy,
+        world_tasks(BUILTIN, split),
+        k=1,
+        limits=Limits(max_turns=60),
+        batch_size=64,
+        prepare=oracle_preparer(policy),
+    )
+    summary = summarize(results)
+    assert summary["tgc"] == 100.0 and summary["sgc"] == 100.0, [
+        (r.task.task_ref, r.verdict.to_dict()) for r in results if not r.success
+    ]
+    assert summary["splits"] == {split: summary["splits"][split]} and summary["tasks"] == len(BUILTIN.tasks(split))
+
+
+def test_random_policy_solves_about_nothing(tokenizer):
+    policy = RandomPolicy(tokenizer, BUILTIN.apps, seed=0)
+    results = run_eval(policy, world_tasks(BUILTIN, "dev"), k=2, limits=Limits(max_turns=10), batch_size=64)
+    summary = summarize(results)
+    assert summary["tgc"] <= 5.0 and summary["episodes"] == 2 * len(BUILTIN.tasks("dev"))
+    assert 0.0 < summary["mean_reward"] < 1.0  # partial credit from tests a do-nothing agent passes
+
+
+def test_sgc_needs_every_task_of_a_scenario(tokenizer):
+    policy = ScriptedPolicy(tokenizer, name="oracle")
+    tasks = world_tasks(BUILTIN, "train")[:6]  # two whole scenarios
+    prepare = oracle_preparer(policy)
+
+    def sabotage(ep, task):  # the second variant of the first scenario gives up at once
+        if task.task_ref == tasks[1].task_ref:
+            policy.plan(ep.key, [])
+        else:
+            prepare(ep, task)
+
+    summary = summarize(run_eval(policy, tasks, k=1, limits=Limits(), batch_size=8, prepare=sabotage))
+    assert summary["tgc"] == pytest.approx(100 * 5 / 6, abs=0.01)
+    assert summary["sgc"] == 50.0
+
+
+def test_policy_specs():
+    assert parse_policy("model@smollm2-135m-instruct@v3") == ("model", "smollm2-135m-instruct@v3")
+    assert parse_policy("oracle") == ("oracle", None)
+    for bad in ("gpt", "oracle@v1"):
+        with pytest.raises(ValueError, match="--policy must be"):
+            parse_policy(bad)
+
+
+def test_eval_and_world_commands(isolated_home, tokenizer_dir, configure_env):
+    configure_env(MODEL=tokenizer_dir)  # the oracle only needs the tokenizer
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "agentloop.cli",
+            "eval",
+            "--split",
+            "dev",
+            "--policy",
+            "oracle",
+            "--limit",
+            "5",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    summary = json.loads(out.stdout.strip().splitlines()[-1])
+    assert summary["tgc"] == 100.0 and summary["episodes"] == 5 and summary["eval_run"]
+    assert "TGC" in out.stderr  # the progress bar and the table
+
+    stats = subprocess.run(
+        [sys.executable, "-m", "agentloop.cli", "world", "stats", "--json"], capture_output=True, text=True, timeout=120
+    )
+    data = json.loads(stats.stdout)
+    assert data["apps"] >= 10 and data["apis"] >= 100 and data["tasks"] >= 300 and data["scenarios"] >= 100
+    assert set(data["splits"]) == set(SPLITS)
+
+    bad = subprocess.run(
+        [sys.executable, "-m", "agentloop.cli", "eval", "--split", "nope", "--policy", "oracle"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert bad.returncode != 0 and "no tasks in split 'nope'" in bad.stderr
