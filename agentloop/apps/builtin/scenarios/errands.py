@@ -9,6 +9,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from agentloop.apps.builtin.people import iso
+from agentloop.apps.builtin.scenarios._matchers import all_of
 from agentloop.apps.builtin.scenarios._when import clock, day_label
 from agentloop.apps.builtin.scenarios.calendar import BIRTHDAY, events, midnight, new_event, people_emails
 from agentloop.apps.builtin.scenarios.common import days_ago, my_email, plant
@@ -26,10 +27,6 @@ def emails_exactly(expected: list[str]) -> Callable[[Any], bool]:
     """Matcher for a text: the email addresses in it are exactly these, whatever the layout."""
     want = {e.casefold() for e in expected}
     return lambda v: isinstance(v, str) and {m.casefold() for m in EMAIL.findall(v)} == want
-
-
-def all_of(*matchers: Callable[[Any], bool]) -> Callable[[Any], bool]:
-    return lambda v: all(m(v) for m in matchers)
 
 
 def shop_split_order(world: World, rng: random.Random) -> TaskInstance:
