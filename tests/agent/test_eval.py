@@ -65,8 +65,8 @@ def test_policy_specs():
             parse_policy(bad)
 
 
-def test_eval_and_world_commands(isolated_home, tokenizer_dir, configure_env):
-    configure_env(MODEL=tokenizer_dir)  # the oracle only needs the tokenizer
+def test_eval_and_world_commands(isolated_home, tiny_model_dir, configure_env):
+    configure_env(MODEL=tiny_model_dir)  # the oracle only uses its tokenizer
     out = subprocess.run(
         [
             sys.executable,
