@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentloop.agent.actions import parse_action
-from agentloop.agent.prompt import ChatFormat, render_observation, render_system, render_task
+from agentloop.agent.prompt import ChatFormat, example_messages, render_observation, render_system, render_task
 from agentloop.apps.base import ApiError
 from agentloop.apps.tasks import ToolCall
 from agentloop.apps.world import World
@@ -81,7 +81,7 @@ class Episode:
         profile = self.world.state["supervisor"]["profile"]["1"]
         apps = [(name, self.world.apps[name].description) for name in self.world.available]
         self.prompt_token_ids = self.fmt.opening(
-            render_system(profile, apps), render_task(profile, self.instruction, self.world.now)
+            render_system(profile, apps), render_task(profile, self.instruction, self.world.now), example_messages()
         )
         self.context = list(self.prompt_token_ids)
 

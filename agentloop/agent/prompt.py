@@ -31,8 +31,7 @@ Rules:
 - When the task is done, call supervisor.complete_task. If the task asks a question, pass the answer:
   {answer_call}
 
-Example of one turn:
-{example_turn}"""
+The first task below is a worked example; the real task comes after it."""
 
 
 def render_system(supervisor: dict[str, Any], apps: list[tuple[str, str]]) -> str:
@@ -42,8 +41,33 @@ def render_system(supervisor: dict[str, Any], apps: list[tuple[str, str]]) -> st
         apps=app_lines,
         example_call=render_action(ToolCall("api_docs", "list_apis", {"app_name": "supervisor"})),
         answer_call=render_action(ToolCall("supervisor", "complete_task", {"answer": "42"})),
-        example_turn=render_action(ToolCall("supervisor", "show_account_passwords", {})),
     )
+
+
+# A worked example shown before every task (one-shot): a small model copies its form.
+EXAMPLE: list[tuple[ToolCall, Any]] = [
+    (
+        ToolCall("supervisor", "show_account_passwords", {}),
+        [{"app": "notes", "username": "me@example.com", "password": "x7Gk2pQ9"}],
+    ),
+    (
+        ToolCall("notes", "login", {"username": "me@example.com", "password": "x7Gk2pQ9"}),
+        {"access_token": "3f9a1c", "token_type": "Bearer"},
+    ),
+    (
+        ToolCall("notes", "list_notes", {"access_token": "3f9a1c", "tag": "work", "page_limit": 20}),
+        [{"note_id": 4, "title": "Q3 plan"}, {"note_id": 9, "title": "1:1 notes"}],
+    ),
+    (ToolCall("supervisor", "complete_task", {"answer": 2}), "Task marked as complete."),
+]
+
+
+def example_messages() -> list[dict[str, str]]:
+    messages = [{"role": "user", "content": "Task: How many of my notes have the tag 'work'?"}]
+    for call, result in EXAMPLE:
+        messages.append({"role": "assistant", "content": render_action(call)})
+        messages.append({"role": "user", "content": render_observation(call, True, result)})
+    return messages
 
 
 def render_task(supervisor: dict[str, Any], instruction: str, now: datetime) -> str:
@@ -97,9 +121,9 @@ class ChatFormat:
         text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
         return str(text)
 
-    def opening(self, system: str, user: str) -> list[int]:
-        text = self._text([{"role": "system", "content": system}, {"role": "user", "content": user}], True)
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+    def opening(self, system: str, user: str, example: list[dict[str, str]] | None = None) -> list[int]:
+        messages = [{"role": "system", "content": system}, *(example or []), {"role": "user", "content": user}]
+        return list(self.tokenizer.encode(self._text(messages, True), add_special_tokens=False))
 
     def observation_ids(self, observation: str, stopped: bool) -> list[int]:
         """Tokens appended after a turn: close the assistant turn (unless the model did), the observation

@@ -2,7 +2,7 @@ import pytest
 
 from agentloop.agent.actions import render_action
 from agentloop.agent.episode import Episode, Limits, run_episodes
-from agentloop.agent.prompt import ChatFormat
+from agentloop.agent.prompt import EXAMPLE, ChatFormat
 from agentloop.apps.builtin import BUILTIN
 from agentloop.apps.tasks import ToolCall
 from agentloop.policy.scripted import ScriptedPolicy, plan_oracle
@@ -45,7 +45,7 @@ def test_context_is_exactly_prompt_plus_outputs_plus_observations(fmt, tokenizer
     assert rebuilt == ep.context
     # and it reads as a chat: each observation is a user turn followed by the assistant header
     text = tokenizer.decode(ep.context)
-    assert text.count("<|im_start|>assistant\n") == len(ep.turns) + 1
+    assert text.count("<|im_start|>assistant\n") == len(EXAMPLE) + len(ep.turns) + 1  # one-shot example first
 
 
 def test_bad_turns_get_plain_observations_and_the_episode_goes_on(fmt, tokenizer):
