@@ -175,12 +175,20 @@ def run_episodes(
 ) -> None:
     """Drive episodes to the end, one batched generate call per round. `should_stop` may end an
     episode between turns by returning a finish reason (e.g. "cancelled")."""
+    released: set[str] = set()
     while True:
         if should_stop is not None:
             for ep in episodes:
                 if not ep.done and (reason := should_stop(ep)):
                     ep.finish(reason)
-        active = [(ep, req) for ep in episodes if (req := ep.request()) is not None]
+        active = []
+        for ep in episodes:
+            req = ep.request()
+            if req is not None:
+                active.append((ep, req))
+            elif ep.key is not None and ep.key not in released:
+                released.add(ep.key)
+                policy.end_episode(ep.key)
         if not active:
             return
         t0 = time.perf_counter()

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,11 +25,29 @@ from agentloop.settings import Settings
 log = logging.getLogger(__name__)
 
 
+@dataclass
+class _Prefix:
+    """Keys/values an episode's last turn left behind: per layer (heads, tokens, head_dim)."""
+
+    tokens: list[int]
+    kv: list[tuple[torch.Tensor, torch.Tensor]]
+    adapter: str | None
+
+
 class LocalPolicy:
-    """A transformers model in this process; adapters are PEFT LoRA directories loaded by name."""
+    """A transformers model in this process; adapters are PEFT LoRA directories loaded by name.
+
+    Keys/values of each episode's context are kept between its turns (by request key), so a turn
+    only runs the model over the tokens added since the last one, as prefix-caching servers do."""
 
     def __init__(
-        self, model: Any, tokenizer: Any, name: str, max_batch_size: int = 16, seed: int | None = None
+        self,
+        model: Any,
+        tokenizer: Any,
+        name: str,
+        max_batch_size: int = 16,
+        seed: int | None = None,
+        max_cached_episodes: int = 64,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -36,6 +55,8 @@ class LocalPolicy:
         self.max_batch_size = max_batch_size
         self._lock = threading.Lock()
         self._adapters: set[str] = set()
+        self._prefixes: OrderedDict[str, _Prefix] = OrderedDict()
+        self.max_cached_episodes = max_cached_episodes
         self._generator = torch.Generator(device=model.device)
         if seed is not None:
             self._generator.manual_seed(seed)
@@ -109,38 +130,58 @@ class LocalPolicy:
         if self._adapters:
             if adapter is None:
                 with model.disable_adapter():
-                    return self._decode(reqs, temperature)
+                    return self._decode(reqs, temperature, adapter)
             model.set_adapter(adapter)
-        return self._decode(reqs, temperature)
+        return self._decode(reqs, temperature, adapter)
 
-    def _decode(self, reqs: list[GenerationRequest], temperature: float) -> list[Generation]:
+    def _reusable(self, req: GenerationRequest, adapter: str | None) -> tuple[int, _Prefix | None]:
+        """How many leading tokens of the context already have keys/values cached for this episode."""
+        prefix = self._prefixes.get(req.key) if req.key is not None else None
+        if prefix is None or prefix.adapter != adapter:
+            return 0, None
+        usable = min(len(prefix.tokens), len(req.context) - 1)  # at least one token must be fed
+        if usable <= 0 or list(req.context[:usable]) != prefix.tokens[:usable]:
+            return 0, None
+        return usable, prefix
+
+    def _decode(self, reqs: list[GenerationRequest], temperature: float, adapter: str | None) -> list[Generation]:
         device = self.model.device
         B = len(reqs)
-        lengths = [len(r.context) for r in reqs]
-        if min(lengths) == 0:
+        if min(len(r.context) for r in reqs) == 0:
             raise ValueError("cannot generate from an empty context")
-        width = max(lengths)
-        max_new = max(r.max_new_tokens for r in reqs)
-        ids = torch.full((B, width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((B, width), dtype=torch.long)
-        for b, r in enumerate(reqs):  # left padding: every sequence ends at the same column
-            ids[b, width - lengths[b] :] = torch.tensor(list(r.context), dtype=torch.long)
-            mask[b, width - lengths[b] :] = 1
-        ids, mask = ids.to(device), mask.to(device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (B, T)
+        reuse = [self._reusable(r, adapter) for r in reqs]
+        cached = [n for n, _ in reuse]
+        P = max(cached)
+        fresh = [list(r.context[n:]) for r, (n, _) in zip(reqs, reuse, strict=True)]
+        N = max(len(f) for f in fresh)
 
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
+        # Layout of each row: [pad][cached prefix][pad][new tokens]; padding is masked out and every real
+        # token keeps its true position, so cached rows of different lengths decode together.
+        ids = torch.full((B, N), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((B, P + N), dtype=torch.long)
+        positions = torch.zeros((B, N), dtype=torch.long)
+        for b, (n_cached, new) in enumerate(zip(cached, fresh, strict=True)):
+            ids[b, N - len(new) :] = torch.tensor(new, dtype=torch.long)
+            mask[b, P - n_cached : P] = 1
+            mask[b, P + N - len(new) :] = 1
+            positions[b, N - len(new) :] = torch.arange(n_cached, n_cached + len(new))
+        ids, mask, positions = ids.to(device), mask.to(device), positions.to(device)
+        past = self._stack_prefixes(reuse, P) if P else None
+
+        out = self.model(
+            input_ids=ids, attention_mask=mask, position_ids=positions, cache=past, use_cache=True, logits_to_keep=1
+        )
         cache = out.cache if hasattr(out, "cache") else out.past_key_values
         logits = out.logits[:, -1, :]  # (B, V)
-        next_pos = positions[:, -1:] + 1  # (B, 1)
+        next_pos = torch.tensor([[len(r.context)] for r in reqs], device=device)  # (B, 1)
 
-        tokens = torch.empty((B, max_new), dtype=torch.long, device=device)
-        logprobs = torch.zeros((B, max_new), dtype=torch.float32, device=device)
+        tokens = torch.empty((B, max(r.max_new_tokens for r in reqs)), dtype=torch.long, device=device)
+        logprobs = torch.zeros(tokens.shape, dtype=torch.float32, device=device)
         done = torch.zeros(B, dtype=torch.bool, device=device)
         stop = torch.tensor(sorted(self.stop_ids), device=device)
         limits = torch.tensor([r.max_new_tokens for r in reqs], device=device)
         steps = 0
-        for t in range(max_new):
+        for t in range(tokens.shape[1]):
             scaled = logits.float() / temperature if temperature > 0 else logits.float()
             logp = torch.log_softmax(scaled, dim=-1)  # (B, V): the distribution we sample from
             if temperature > 0:
@@ -176,4 +217,58 @@ class LocalPolicy:
             row, lps = row[:n], lps[:n]
             text_ids = row[:-1] if finish == "stop" else row
             gens.append(Generation(row, lps, finish, self.tokenizer.decode(text_ids, skip_special_tokens=True)))
+        self._keep_prefixes(reqs, gens, cache, mask, fed=steps - 1, adapter=adapter)
         return gens
+
+    def _stack_prefixes(self, reuse: list[tuple[int, _Prefix | None]], width: int) -> Any:
+        """One batch cache from the rows' cached keys/values, left-padded to `width`."""
+        from transformers import DynamicCache
+
+        layers = []
+        for layer in range(len(next(p for _, p in reuse if p is not None).kv)):
+            ref_k = next(p for _, p in reuse if p is not None).kv[layer][0]
+            H, _, D = ref_k.shape
+            keys = ref_k.new_zeros((len(reuse), H, width, D))
+            values = ref_k.new_zeros((len(reuse), H, width, D))
+            for b, (n, prefix) in enumerate(reuse):
+                if prefix is not None and n:
+                    keys[b, :, width - n :] = prefix.kv[layer][0][:, :n]
+                    values[b, :, width - n :] = prefix.kv[layer][1][:, :n]
+            layers.append((keys, values))
+        return DynamicCache(ddp_cache_data=layers)
+
+    def _keep_prefixes(
+        self,
+        reqs: list[GenerationRequest],
+        gens: list[Generation],
+        cache: Any,
+        mask: torch.Tensor,
+        fed: int,
+        adapter: str | None,
+    ) -> None:
+        """Keep each episode's keys/values (its context and the generated tokens the model has seen), so
+        its next turn only feeds the new tokens."""
+        if self.max_cached_episodes <= 0:
+            return
+        for b, (req, gen) in enumerate(zip(reqs, gens, strict=True)):
+            if req.key is None:
+                continue
+            seen = list(req.context) + gen.token_ids[: min(len(gen.token_ids), fed)]
+            keep = mask[b].nonzero().squeeze(-1)[: len(seen)]
+            kv = [
+                (layer.keys[b].index_select(1, keep), layer.values[b].index_select(1, keep)) for layer in cache.layers
+            ]
+            self._prefixes[req.key] = _Prefix(seen, kv, adapter)
+            self._prefixes.move_to_end(req.key)
+        while len(self._prefixes) > self.max_cached_episodes:
+            self._prefixes.popitem(last=False)
+
+    def end_episode(self, key: str) -> None:
+        """Forget an episode's cached keys/values."""
+        with self._lock:
+            self._prefixes.pop(key, None)
+
+    def clear_cache(self) -> None:
+        """Forget every cached prefix (the weights under them changed, e.g. after a training step)."""
+        with self._lock:
+            self._prefixes.clear()

@@ -69,3 +69,6 @@ class RandomPolicy:
 
     def loaded_adapters(self) -> set[str]:
         return set()
+
+    def end_episode(self, key: str) -> None:
+        return None

@@ -56,6 +56,9 @@ class ScriptedPolicy:
     def loaded_adapters(self) -> set[str]:
         return set()
 
+    def end_episode(self, key: str) -> None:
+        return None
+
 
 def oracle_policy(tokenizer: Tokenizer) -> ScriptedPolicy:
     return ScriptedPolicy(tokenizer, name="oracle")

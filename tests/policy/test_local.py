@@ -84,3 +84,43 @@ def test_adapters_load_by_name_change_outputs_and_unload(tiny_model_dir, tmp_pat
 def test_missing_adapter_directory_is_a_clear_error(policy, tmp_path):
     with pytest.raises(FileNotFoundError, match=r"adapter_config\.json"):
         policy.load_adapter("x@v1", str(tmp_path))
+
+
+def test_prefix_cache_reuses_an_episodes_context_without_changing_results(tiny_model_dir):
+    """Three turns of two episodes of different lengths, with and without cached prefixes: the same
+    greedy tokens, and log-probs equal to a teacher-forced forward pass."""
+    cached = tiny_policy(tiny_model_dir, seed=5)
+    plain = tiny_policy(tiny_model_dir, seed=5, max_cached_episodes=0)
+    tok = cached.tokenizer
+    contexts = {"a": tok.encode("first episode starts here", add_special_tokens=False),
+                "b": tok.encode("the second one has a noticeably longer opening context", add_special_tokens=False)}
+    fed_tokens = []
+    for turn in range(3):
+        reqs = [GenerationRequest(list(ctx), 6, temperature=0.0, key=key) for key, ctx in contexts.items()]
+        with_cache = cached.generate(reqs)
+        without = plain.generate(reqs)
+        for (key, ctx), a, b in zip(contexts.items(), with_cache, without, strict=True):
+            assert a.token_ids == b.token_ids
+            assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+            assert a.logprobs == pytest.approx(naive_logprobs(cached.model, ctx, a.token_ids), abs=1e-4)
+            observation = tok.encode(f" observation {turn} for {key}", add_special_tokens=False)
+            contexts[key] = ctx + a.token_ids + observation
+        fed_tokens.append(sum(len(p.tokens) for p in cached._prefixes.values()))
+    assert set(cached._prefixes) == {"a", "b"} and fed_tokens[0] < fed_tokens[1] < fed_tokens[2]
+    cached.end_episode("a")
+    assert set(cached._prefixes) == {"b"}
+
+
+def test_prefix_is_not_reused_when_the_context_diverges_or_the_adapter_differs(tiny_model_dir, tmp_path):
+    policy = tiny_policy(tiny_model_dir, seed=2)
+    tok = policy.tokenizer
+    ctx = tok.encode("a shared beginning", add_special_tokens=False)
+    first = policy.generate([GenerationRequest(ctx, 4, temperature=0.0, key="k")])[0]
+    other = ctx[:-1] + tok.encode(" different", add_special_tokens=False)
+    assert policy._reusable(GenerationRequest(other, 4, key="k"), None)[0] == len(ctx) - 1
+    longer = ctx + first.token_ids + [5, 6]
+    assert policy._reusable(GenerationRequest(longer, 4, key="k"), None)[0] > len(ctx)
+    assert policy._reusable(GenerationRequest(longer, 4, key="k"), "tiny@v1")[0] == 0
+    # a diverged context still gives teacher-forced log-probs
+    gen = policy.generate([GenerationRequest(other, 5, temperature=1.0, key="k")])[0]
+    assert gen.logprobs == pytest.approx(naive_logprobs(policy.model, other, gen.token_ids), abs=1e-4)
