@@ -7,6 +7,7 @@ import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
 from agentloop.api.app import create_app
+from agentloop.apps.builtin import BUILTIN
 from agentloop.store.db import get_sessionmaker, session_scope
 from agentloop.store.models import Reward, Task, TaskStatus
 from tests.factories import bearer, make_keys
@@ -36,7 +37,7 @@ def test_create_get_and_dispatch(env):
     resp = create(client, keys.tenant_a_client)
     assert resp.status_code == 202, resp.text
     task = resp.json()
-    assert task["status"] == "queued" and task["instruction"] == "How much money is in my wallet right now?"
+    assert task["status"] == "queued" and task["instruction"] == BUILTIN.task("wallet_balance-1").instruction
     assert task["apps"] == ["wallet"] and resp.headers["Location"] == f"/v1/tasks/{task['id']}"
     got = client.get(f"/v1/tasks/{task['id']}", headers=bearer(keys.tenant_a_client)).json()
     assert got["id"] == task["id"]

@@ -92,8 +92,10 @@ def test_prefix_cache_reuses_an_episodes_context_without_changing_results(tiny_m
     cached = tiny_policy(tiny_model_dir, seed=5)
     plain = tiny_policy(tiny_model_dir, seed=5, max_cached_episodes=0)
     tok = cached.tokenizer
-    contexts = {"a": tok.encode("first episode starts here", add_special_tokens=False),
-                "b": tok.encode("the second one has a noticeably longer opening context", add_special_tokens=False)}
+    contexts = {
+        "a": tok.encode("first episode starts here", add_special_tokens=False),
+        "b": tok.encode("the second one has a noticeably longer opening context", add_special_tokens=False),
+    }
     fed_tokens = []
     for turn in range(3):
         reqs = [GenerationRequest(list(ctx), 6, temperature=0.0, key=key) for key, ctx in contexts.items()]

@@ -1,0 +1,179 @@
+"""LOOP — leave-one-out PPO for LLM agents — as pure torch functions.
+
+Per task, K rollouts from the same initial state; reward R = fraction of tests passed.
+
+    A_k = R_k - mean_{j != k} R_j                              (leave-one-out baseline; no value network)
+    rho_t = exp(log pi_theta(a_t) - log pi_old(a_t))          over the agent's own tokens only
+    L_rollout = -mean_t min(rho_t A, clip(rho_t, 1/(1+eps), 1+eps) A)
+
+Rollouts with |A| < 0.01 carry no signal and are dropped. Std normalisation (GRPO) is an option; the
+LOOP paper measured it 9 points worse. Log-probs are computed a chunk of positions at a time, so the
+full (positions x vocabulary) fp32 log-softmax never exists at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+RatioLevel = Literal["token", "turn", "trajectory"]
+
+
+# --- advantages ----------------------------------------------------------------------------------
+
+
+def leave_one_out_advantages(rewards: torch.Tensor) -> torch.Tensor:
+    """(N tasks, K rollouts) rewards -> advantages A_k = R_k - mean of the other K-1 rewards."""
+    k = rewards.shape[-1]
+    if k < 2:
+        raise ValueError("leave-one-out needs at least 2 rollouts per task")
+    total = rewards.sum(dim=-1, keepdim=True)
+    return rewards - (total - rewards) / (k - 1)
+
+
+def group_normalised_advantages(rewards: torch.Tensor, eps: float = 1e-4) -> torch.Tensor:
+    """GRPO's advantage: (R_k - mean_j R_j) / (std_j R_j + eps) within each task's group."""
+    mean = rewards.mean(dim=-1, keepdim=True)
+    std = rewards.std(dim=-1, keepdim=True, unbiased=False)
+    return (rewards - mean) / (std + eps)
+
+
+def std_normalise(advantages: torch.Tensor, rewards: torch.Tensor, eps: float = 1e-4) -> torch.Tensor:
+    """Scale each task's advantages by the std of its rewards (an option; off by default)."""
+    return advantages / (rewards.std(dim=-1, keepdim=True, unbiased=False) + eps)
+
+
+def keep_mask(advantages: torch.Tensor, threshold: float = 0.01) -> torch.Tensor:
+    """Rollouts worth training on: |A| >= threshold (drops every rollout of an all-equal group)."""
+    return advantages.abs() >= threshold
+
+
+# --- log-probs -------------------------------------------------------------------------------------
+
+
+def _chunk_logprobs(
+    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float
+) -> torch.Tensor:
+    logits = (hidden @ weight.T).float()  # (B, C, V) for this chunk only
+    if temperature != 1.0:
+        logits = logits / temperature
+    target_logit = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (B, C)
+    return target_logit - torch.logsumexp(logits, dim=-1)
+
+
+def logprobs_from_hidden(
+    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int = 512, temperature: float = 1.0
+) -> torch.Tensor:
+    """log p(targets) from final hidden states (B, T, H) and the output matrix (V, H), `chunk`
+    positions at a time. With gradients, each chunk's logits are recomputed in the backward pass
+    instead of being kept, so peak memory holds one (B, chunk, V) block, not (B, T, V)."""
+    out = []
+    for start in range(0, hidden.shape[1], chunk):
+        h, t = hidden[:, start : start + chunk], targets[:, start : start + chunk]
+        if torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad):
+            out.append(checkpoint(_chunk_logprobs, h, weight, t, temperature, use_reentrant=False))
+        else:
+            out.append(_chunk_logprobs(h, weight, t, temperature))
+    return torch.cat(out, dim=1)
+
+
+def sequence_logprobs(
+    model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, chunk: int = 512, temperature: float = 1.0
+) -> torch.Tensor:
+    """log p(input_ids[:, t+1] | input_ids[:, :t+1]) for every position: (B, T-1). Works for a plain
+    causal LM and for a PEFT-wrapped one (the output layer is not adapted)."""
+    decoder = model.get_decoder()
+    hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state  # (B,T,H)
+    weight = model.get_output_embeddings().weight  # (V, H)
+    return logprobs_from_hidden(hidden[:, :-1], weight, input_ids[:, 1:], chunk, temperature)
+
+
+def naive_sequence_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """The obvious way (full log-softmax over every position); for tests and the memory benchmark."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits.float()  # (B, T, V)
+    logp = torch.log_softmax(logits[:, :-1], dim=-1)
+    return logp.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+
+
+# --- the clipped objective -------------------------------------------------------------------------
+
+
+@dataclass
+class LossStats:
+    clip_frac: float
+    approx_kl: float
+    ratio_mean: float
+    tokens: int
+
+
+def _segment_sum(values: torch.Tensor, segments: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Per token: the sum of `values` over the tokens of the same (row, segment)."""
+    B = values.shape[0]
+    n_seg = int(segments.max().item()) + 1 if segments.numel() else 1
+    seg = segments.clamp(min=0)
+    sums = torch.zeros((B, n_seg), dtype=values.dtype, device=values.device)
+    sums = sums.scatter_add(1, seg, values * mask)
+    return sums.gather(1, seg)
+
+
+def ppo_clip_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    eps: float = 0.1,
+    level: RatioLevel = "token",
+    turn_ids: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, LossStats]:
+    """LOOP's clipped surrogate. logp/old_logp/mask: (B, T) over generated positions, mask = 1 on the
+    agent's own tokens; advantages: (B,). Returns the mean over rollouts of each rollout's mean token loss.
+    `level`: the importance ratio per token (default), per turn (product over the turn's tokens) or per
+    trajectory (product over all agent tokens)."""
+    mask = mask.to(logp.dtype)
+    log_ratio = (logp - old_logp) * mask  # (B, T)
+    if level == "token":
+        seq_log_ratio = log_ratio
+    elif level == "turn":
+        if turn_ids is None:
+            raise ValueError("level='turn' needs turn_ids")
+        seq_log_ratio = _segment_sum(log_ratio, turn_ids, mask)
+    elif level == "trajectory":
+        seq_log_ratio = log_ratio.sum(dim=1, keepdim=True).expand_as(log_ratio)
+    else:
+        raise ValueError(f"unknown ratio level {level!r}")
+    ratio = torch.exp(seq_log_ratio)  # (B, T)
+    adv = advantages.to(logp.dtype).unsqueeze(1)  # (B, 1)
+    low, high = 1.0 / (1.0 + eps), 1.0 + eps
+    surrogate = torch.minimum(ratio * adv, ratio.clamp(low, high) * adv)
+    per_rollout = -(surrogate * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)  # (B,)
+    loss = per_rollout.mean()
+    with torch.no_grad():
+        n = mask.sum().clamp(min=1.0)
+        clipped = ((ratio < low) | (ratio > high)).to(mask.dtype) * mask
+        token_ratio = torch.exp(log_ratio)
+        approx_kl = ((token_ratio - 1.0) - log_ratio) * mask  # k3 estimator of KL(old || new), >= 0
+        stats = LossStats(
+            clip_frac=float(clipped.sum() / n),
+            approx_kl=float(approx_kl.sum() / n),
+            ratio_mean=float((token_ratio * mask).sum() / n),
+            tokens=int(mask.sum().item()),
+        )
+    return loss, stats
+
+
+def policy_gradient_loss(logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """REINFORCE: -A * mean_t log pi(a_t), per rollout, averaged over rollouts."""
+    mask = mask.to(logp.dtype)
+    per_rollout = -(logp * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0) * advantages.to(logp.dtype)
+    return per_rollout.mean()
+
+
+def kl_to_reference(logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """k3 estimate of KL(pi_theta || pi_ref) over the agent's tokens (the optional penalty, weight lambda)."""
+    mask = mask.to(logp.dtype)
+    log_ratio = ref_logp - logp
+    per_token = torch.exp(log_ratio) - 1.0 - log_ratio
+    return (per_token * mask).sum() / mask.sum().clamp(min=1.0)

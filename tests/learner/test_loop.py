@@ -1,0 +1,154 @@
+"""The LOOP objective against hand-computed values."""
+
+import pytest
+import torch
+
+from agentloop.learner.loop import (
+    group_normalised_advantages,
+    keep_mask,
+    kl_to_reference,
+    leave_one_out_advantages,
+    logprobs_from_hidden,
+    naive_sequence_logprobs,
+    policy_gradient_loss,
+    ppo_clip_loss,
+    sequence_logprobs,
+    std_normalise,
+)
+
+
+def test_leave_one_out_k2():
+    adv = leave_one_out_advantages(torch.tensor([[1.0, 0.0], [0.25, 0.75]]))
+    assert adv.tolist() == [[1.0, -1.0], [-0.5, 0.5]]
+
+
+def test_leave_one_out_equal_rewards_are_zero_and_filtered():
+    rewards = torch.tensor([[0.5, 0.5, 0.5, 0.5]])
+    adv = leave_one_out_advantages(rewards)
+    assert adv.tolist() == [[0.0, 0.0, 0.0, 0.0]]
+    assert not keep_mask(adv).any()
+
+
+def test_leave_one_out_mixed_k3():
+    adv = leave_one_out_advantages(torch.tensor([[1.0, 0.0, 0.5]]))
+    # A_0 = 1 - (0 + .5)/2, A_1 = 0 - (1 + .5)/2, A_2 = .5 - (1 + 0)/2
+    assert adv[0].tolist() == pytest.approx([0.75, -0.75, 0.0])
+    assert keep_mask(adv).tolist() == [[True, True, False]]
+    assert keep_mask(torch.tensor([0.009, -0.01, 0.011])).tolist() == [False, True, True]
+
+
+def test_leave_one_out_needs_two_rollouts():
+    with pytest.raises(ValueError, match="at least 2"):
+        leave_one_out_advantages(torch.tensor([[1.0]]))
+
+
+def test_std_normalisation_and_grpo():
+    rewards = torch.tensor([[1.0, 0.0]])
+    assert std_normalise(leave_one_out_advantages(rewards), rewards, eps=0.0).tolist() == [[2.0, -2.0]]
+    assert group_normalised_advantages(rewards, eps=0.0).tolist() == [[1.0, -1.0]]
+
+
+def one_token(ratio: float, advantage: float, eps: float = 0.1):
+    old = torch.zeros((1, 1))
+    logp = torch.log(torch.tensor([[ratio]])).requires_grad_()
+    loss, stats = ppo_clip_loss(logp, old, torch.tensor([advantage]), torch.ones((1, 1)), eps=eps)
+    loss.backward()
+    return loss.item(), logp.grad.item(), stats
+
+
+@pytest.mark.parametrize(
+    ("ratio", "adv", "loss", "grad_zero", "clipped"),
+    [
+        (1.5, 1.0, -1.1, True, True),  # better than old, positive A: capped at 1+eps, no gradient
+        (1.05, 1.0, -1.05, False, False),  # inside the trust region
+        (0.5, 1.0, -0.5, False, True),  # worse than old, positive A: unclipped term is smaller, keeps gradient
+        (1.5, -1.0, 1.5, False, True),  # negative A, ratio up: the pessimistic (unclipped) term wins
+        (0.5, -1.0, 1 / 1.1, True, True),  # negative A, ratio down past 1/(1+eps): clipped, no gradient
+    ],
+)
+def test_clipping_for_positive_and_negative_advantages(ratio, adv, loss, grad_zero, clipped):
+    value, grad, stats = one_token(ratio, adv)
+    assert value == pytest.approx(loss, abs=1e-6)
+    assert (grad == 0.0) is grad_zero
+    assert stats.clip_frac == (1.0 if clipped else 0.0)
+
+
+def test_masked_tokens_get_no_gradient_and_do_not_count():
+    logp = torch.tensor([[-1.0, -2.0, -3.0, -0.5]], requires_grad=True)
+    old = torch.tensor([[-1.0, -1.0, -3.0, -0.5]])
+    mask = torch.tensor([[1.0, 0.0, 1.0, 0.0]])  # positions 1 and 3 are observation/prompt tokens
+    loss, stats = ppo_clip_loss(logp, old, torch.tensor([2.0]), mask)
+    loss.backward()
+    assert logp.grad[0, 1] == 0.0 and logp.grad[0, 3] == 0.0
+    assert logp.grad[0, 0] != 0.0 and logp.grad[0, 2] != 0.0
+    assert loss.item() == pytest.approx(-2.0)  # ratio 1 on both agent tokens: -mean(1 * 2)
+    assert stats.tokens == 2 and stats.approx_kl == pytest.approx(0.0)
+
+
+def test_rollout_loss_is_the_mean_of_per_rollout_token_means():
+    # rollout 0 has 1 agent token, rollout 1 has 3: each rollout weighs the same
+    logp = torch.zeros((2, 3))
+    mask = torch.tensor([[1.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
+    loss, _ = ppo_clip_loss(logp, logp.clone(), torch.tensor([1.0, -3.0]), mask)
+    assert loss.item() == pytest.approx(-(1.0 + -3.0) / 2)
+
+
+def test_turn_and_trajectory_ratios():
+    logp = torch.log(torch.tensor([[1.2, 1.2, 0.95, 1.0]]))
+    old = torch.zeros((1, 4))
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
+    turns = torch.tensor([[0, 0, 1, 1]])
+    _, token = ppo_clip_loss(logp, old, torch.tensor([1.0]), mask, level="token")
+    loss_turn, _ = ppo_clip_loss(logp, old, torch.tensor([1.0]), mask, level="turn", turn_ids=turns, eps=10.0)
+    # turn 0 ratio = 1.2 * 1.2 = 1.44 on its 2 tokens; turn 1 ratio = 0.95 on its 1 agent token
+    assert loss_turn.item() == pytest.approx(-(1.44 + 1.44 + 0.95) / 3, abs=1e-5)
+    loss_traj, _ = ppo_clip_loss(logp, old, torch.tensor([1.0]), mask, level="trajectory", eps=10.0)
+    assert loss_traj.item() == pytest.approx(-(1.2 * 1.2 * 0.95), abs=1e-5)
+    with pytest.raises(ValueError, match="turn_ids"):
+        ppo_clip_loss(logp, old, torch.tensor([1.0]), mask, level="turn")
+    assert token.clip_frac == pytest.approx(2 / 3)
+
+
+def test_approx_kl_is_positive_when_the_policy_moved():
+    logp = torch.log(torch.tensor([[0.5, 2.0]]))
+    _, stats = ppo_clip_loss(logp, torch.zeros((1, 2)), torch.tensor([1.0]), torch.ones((1, 2)))
+    expected = ((0.5 - 1 - torch.log(torch.tensor(0.5))) + (2.0 - 1 - torch.log(torch.tensor(2.0)))) / 2
+    assert stats.approx_kl == pytest.approx(expected.item(), abs=1e-6)
+
+
+def test_reinforce_and_kl_penalty():
+    logp = torch.tensor([[-1.0, -3.0]])
+    assert policy_gradient_loss(logp, torch.tensor([2.0]), torch.tensor([[1.0, 1.0]])).item() == pytest.approx(4.0)
+    assert kl_to_reference(logp, logp, torch.ones((1, 2))).item() == pytest.approx(0.0)
+    assert kl_to_reference(logp, logp - 1.0, torch.ones((1, 2))).item() > 0
+
+
+def test_chunked_logprobs_equal_the_naive_computation(tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    ids = torch.randint(0, 1000, (2, 37))
+    mask = torch.ones_like(ids)
+    mask[1, :5] = 0  # left padding on the second row
+    expected = naive_sequence_logprobs(model, ids, mask)
+    for chunk in (1, 8, 64):
+        got = sequence_logprobs(model, ids, mask, chunk=chunk)
+        assert got.shape == (2, 36)
+        assert torch.allclose(got[0], expected[0], atol=1e-5)
+        assert torch.allclose(got[1, 5:], expected[1, 5:], atol=1e-5)
+
+
+def test_chunked_logprobs_have_the_same_gradient():
+    torch.manual_seed(0)
+    hidden = torch.randn(2, 10, 8, requires_grad=True)
+    weight = torch.randn(50, 8, requires_grad=True)
+    targets = torch.randint(0, 50, (2, 10))
+    full = torch.log_softmax(hidden @ weight.T, -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    full.sum().backward()
+    g_hidden, g_weight = hidden.grad.clone(), weight.grad.clone()
+    hidden.grad = weight.grad = None
+    chunked = logprobs_from_hidden(hidden, weight, targets, chunk=3)
+    assert torch.allclose(chunked, full, atol=1e-5)
+    chunked.sum().backward()
+    assert torch.allclose(hidden.grad, g_hidden, atol=1e-5) and torch.allclose(weight.grad, g_weight, atol=1e-5)
