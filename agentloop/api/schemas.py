@@ -176,3 +176,42 @@ class ErrorDetail(BaseModel):
 
 class ErrorBody(BaseModel):
     error: ErrorDetail
+
+
+class TrainCreate(Strict):
+    """Start a training run now."""
+
+    algo: Literal["loop", "grpo", "reinforce"] = Field("loop", description="The update rule.")
+    iterations: int = Field(1, ge=1, le=1000, description="Iterations to run.")
+    config: dict[str, Any] = Field(
+        default_factory=dict, description="Overrides of the training config (e.g. tasks_per_iteration, lr)."
+    )
+
+
+class TrainingRunPublic(BaseModel):
+    id: str
+    algo: str
+    status: str
+    trigger: str
+    iteration: int
+    progress: dict[str, Any]
+    metrics: list[Any] = Field(description="One entry of namespaced metrics per finished iteration.")
+    config: dict[str, Any]
+    error: str | None
+    adapter: str | None = Field(description="The last adapter this run produced.")
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
+class AdapterPublic(BaseModel):
+    name: str
+    version: int
+    base_model: str
+    parent: str | None
+    status: Literal["candidate", "active", "rejected", "retired"]
+    training_run_id: str | None
+    metrics: dict[str, Any]
+    sha256: str
+    created_at: datetime
+    activated_at: datetime | None

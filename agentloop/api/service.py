@@ -10,8 +10,9 @@ import hashlib
 import json
 from collections.abc import Sequence
 from datetime import datetime
-from typing import cast
+from typing import Any, cast
 
+import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -25,6 +26,7 @@ from agentloop.api.errors import (
     Unavailable,
 )
 from agentloop.api.schemas import (
+    AdapterPublic,
     ApiDocPublic,
     AppCreate,
     AppPublic,
@@ -36,16 +38,21 @@ from agentloop.api.schemas import (
     TaskPublic,
     TaskStatusName,
     ToolCallPublic,
+    TrainCreate,
+    TrainingRunPublic,
 )
 from agentloop.apps.base import ApiError
 from agentloop.apps.external import ExternalApp, split_task_ref
 from agentloop.apps.openapi import EVALUATE_OP, HIDDEN_OPS, RESET_OP, AppRegistrationError, Origin, parse_document
 from agentloop.apps.registry import UnknownWorld, WorldProvider, get_world
 from agentloop.apps.world import ALWAYS_AVAILABLE
+from agentloop.learner import adapters
+from agentloop.learner.config import LoopConfig
+from agentloop.store import adapters as adapter_store
 from agentloop.store import apps as app_store
 from agentloop.store import episodes as episode_store
 from agentloop.store import tasks as task_store
-from agentloop.store.models import App, Episode, Reward, Step, Task, TaskStatus, utcnow
+from agentloop.store.models import Adapter, App, Episode, Reward, Step, Task, TaskStatus, TrainingRun, utcnow
 from agentloop.store.secrets import encrypt
 
 MAX_PAGE = 100
@@ -317,6 +324,90 @@ def app_apis(session: Session, principal: Principal, world: str, app: str, secre
             raise NotFound(f"no app {app!r} in world {world!r} and no registered app of that name")
         spec = registered.spec()
     return [ApiDocPublic.model_validate(a.doc()) for a in spec.apis.values() if not a.hidden]
+
+
+# --- admin: training and adapters ------------------------------------------------------------
+
+
+def start_training(session: Session, principal: Principal, body: TrainCreate, trigger: str = "admin") -> TrainingRun:
+    """Queue a training run (the caller commits, then publishes its id to the learner queue)."""
+    principal.require_admin()
+    try:
+        config = LoopConfig.for_algo(body.algo, iterations=body.iterations, **body.config)
+    except (TypeError, ValueError) as exc:
+        raise InvalidRequest(str(exc)) from None
+    run = TrainingRun(
+        algo=body.algo, status="queued", trigger=trigger, config=config.to_dict(), progress={"phase": "queued"}
+    )
+    session.add(run)
+    session.flush()
+    return run
+
+
+def get_training_run(session: Session, principal: Principal, run_id: str) -> TrainingRun:
+    principal.require_admin()
+    run = session.get(TrainingRun, run_id)
+    if run is None:
+        raise NotFound(f"no training run {run_id!r}")
+    return run
+
+
+def list_training_runs(session: Session, principal: Principal, limit: int = 20) -> Sequence[TrainingRun]:
+    principal.require_admin()
+    return session.scalars(sa.select(TrainingRun).order_by(TrainingRun.created_at.desc()).limit(limit)).all()
+
+
+def list_adapters(session: Session, principal: Principal, base_model: str | None = None) -> Sequence[Adapter]:
+    principal.require_admin()
+    return adapter_store.list_adapters(session, base_model)
+
+
+def activate_adapter(session: Session, principal: Principal, name: str) -> Adapter:
+    """Make any stored version active (promotion by hand, or rollback). The caller commits and announces."""
+    principal.require_admin()
+    row = adapter_store.get_adapter(session, name)
+    if row is None:
+        raise NotFound(f"no adapter {name!r}; list them with GET /v1/admin/adapters")
+    if row.status == "active":
+        return row
+    try:
+        adapters.activate(session, row)
+    except (FileNotFoundError, ValueError) as exc:
+        raise Conflict(f"cannot activate {name}: {exc}") from None
+    return row
+
+
+def training_run_public(run: TrainingRun) -> TrainingRunPublic:
+    return TrainingRunPublic(
+        id=run.id,
+        algo=run.algo,
+        status=run.status,
+        trigger=run.trigger,
+        iteration=run.iteration,
+        progress=run.progress,
+        metrics=run.metrics,
+        config=run.config,
+        error=run.error,
+        adapter=run.adapter,
+        created_at=run.created_at,
+        started_at=run.started_at,
+        finished_at=run.finished_at,
+    )
+
+
+def adapter_public(row: Adapter) -> AdapterPublic:
+    return AdapterPublic(
+        name=row.name,
+        version=row.version,
+        base_model=row.base_model,
+        parent=row.parent,
+        status=cast(Any, row.status),
+        training_run_id=row.training_run_id,
+        metrics=row.metrics,
+        sha256=row.sha256,
+        created_at=row.created_at,
+        activated_at=row.activated_at,
+    )
 
 
 # --- public views ---------------------------------------------------------------------------

@@ -41,6 +41,25 @@ def publish_episode(task_id: str) -> bool:
     return True
 
 
+def publish_training(run_id: str) -> bool:
+    """Send a training run's id to the `learner` queue. False if the broker is unreachable (the run
+    stays queued; the sweeper publishes it again)."""
+    from agentloop.worker.celery_app import app
+
+    try:
+        app.send_task(
+            "agentloop.train",
+            args=[run_id],
+            queue="learner",
+            retry=True,
+            retry_policy={"max_retries": 2, "interval_start": 0.1, "interval_step": 0.2},
+        )
+    except Exception as exc:
+        log.warning("could not publish training run %s: %s", run_id, exc)
+        return False
+    return True
+
+
 def sweep(settings: Settings) -> dict[str, int]:
     """Re-queue (or fail) tasks whose worker stopped heartbeating; re-publish queued tasks whose
     message may be lost. Safe to run concurrently and repeatedly: claims are atomic."""
