@@ -312,6 +312,79 @@ def eval_command(
         typer.echo(json.dumps(summary))
 
 
+@app.command()
+def learn(
+    algo: str = typer.Option("loop", help="loop, grpo or reinforce."),
+    iterations: int = typer.Option(1, min=1, help="Iterations to run."),
+    tasks_per_iteration: int = typer.Option(None, min=1, help="N tasks per iteration (default 40)."),
+    rollouts_per_task: int = typer.Option(None, min=1, help="K rollouts per task (default 6)."),
+    max_turns: int = typer.Option(None, min=1, help="Turn limit of a rollout (default 40)."),
+    max_new_tokens: int = typer.Option(None, min=1, help="New tokens per turn (default 1500)."),
+    dev_limit: int = typer.Option(None, min=1, help="Evaluate candidates on the first N dev tasks only."),
+    option: list[str] = typer.Option([], "--set", help="Any training option as key=value (JSON values)."),
+    resume: str = typer.Option(None, help="Resume this training run from its last checkpoint."),
+) -> None:
+    """Run training iterations in this process, with progress, and print each iteration's metrics."""
+    settings = _setup()
+    _migrate_if_embedded(settings)
+    import socket
+
+    from agentloop.learner.config import LoopConfig
+    from agentloop.learner.trainer import run_training
+    from agentloop.store.db import session_scope
+    from agentloop.store.models import TrainingRun
+
+    overrides: dict[str, object] = {}
+    for item in option:
+        key, sep, raw = item.partition("=")
+        if not sep:
+            raise typer.BadParameter(f"expected key=value, not {item!r}", param_hint="--set")
+        try:
+            overrides[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            overrides[key] = raw
+    for key, value in (
+        ("tasks_per_iteration", tasks_per_iteration),
+        ("rollouts_per_task", rollouts_per_task),
+        ("max_turns", max_turns),
+        ("max_new_tokens", max_new_tokens),
+        ("dev_limit", dev_limit),
+    ):
+        if value is not None:
+            overrides[key] = value
+    with session_scope() as s:
+        if resume:
+            run = s.get(TrainingRun, resume)
+            if run is None:
+                raise typer.BadParameter(f"no training run {resume}", param_hint="--resume")
+            if run.status in ("failed", "finished") and run.iteration < int(run.config.get("iterations", 1)):
+                run.status, run.error = "queued", None
+            run_id = run.id
+        else:
+            try:
+                config = LoopConfig.for_algo(algo, iterations=iterations, **overrides)
+            except (TypeError, ValueError) as exc:
+                raise typer.BadParameter(str(exc)) from None
+            run = TrainingRun(algo=algo, status="queued", trigger="cli", config=config.to_dict(), progress={})
+            s.add(run)
+            s.flush()
+            run_id = run.id
+    typer.echo(f"training run {run_id}", err=True)
+
+    def show(progress: dict[str, object]) -> None:
+        if progress.get("phase") == "iteration_done":
+            typer.echo(json.dumps(progress.get("metrics"), default=str))
+        else:
+            typer.echo(" ".join(f"{k}={v}" for k, v in progress.items()), err=True)
+
+    outcome = run_training(run_id, f"cli:{socket.gethostname()}:{os.getpid()}", settings, report=show)
+    with session_scope() as s:
+        run = s.get(TrainingRun, run_id)
+        assert run is not None
+        typer.echo(f"run {run_id}: {run.status}" + (f" ({run.error})" if run.error else ""), err=True)
+    raise typer.Exit(0 if outcome == "finished" else 1)
+
+
 def _read_key_file(settings: Settings) -> str:
     path = settings.home.resolve() / "admin.key"
     if not path.exists():

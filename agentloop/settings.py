@@ -115,6 +115,11 @@ class Settings(BaseSettings):
         return None
 
     @property
+    def model_name(self) -> str:
+        """The base model's short name: what adapter versions are named after (`<name>@v3`)."""
+        return self.model if "/" not in self.model else Path(self.model.rstrip("/")).name
+
+    @property
     def broker_is_embedded(self) -> bool:
         return self.broker.startswith("sqla+")
 

@@ -20,7 +20,6 @@ from agentloop.policy.base import Policy
 from agentloop.settings import Settings
 from agentloop.store import adapters as adapter_store
 from agentloop.store import episodes as episode_store
-from agentloop.store.models import Episode as EpisodeRow
 from agentloop.store.models import EvalRun, utcnow
 
 POLICIES = ("oracle", "random", "model")
@@ -97,7 +96,7 @@ def parse_policy(spec: str) -> tuple[str, str | None]:
 
 def resolve_adapter(session: Session, settings: Settings, ref: str) -> tuple[str, str]:
     """An adapter by name (`<base>@v3`, or just `v3`) or by directory: (name, path)."""
-    for name in (ref, f"{settings.model}@{ref}"):
+    for name in (ref, f"{settings.model_name}@{ref}"):
         row = adapter_store.get_adapter(session, name)
         if row is not None:
             return row.name, row.path
@@ -128,33 +127,17 @@ def start_run(session: Session, **fields: Any) -> EvalRun:
 
 
 def record_episode(session: Session, run: EvalRun, policy: Policy, result: EpisodeResult) -> None:
-    ep = result.episode
-    row = EpisodeRow(
-        eval_run_id=run.id,
+    episode_store.add_finished_episode(
+        session,
+        result.episode,
         kind="eval",
         world=run.world,
         task_ref=result.task.task_ref,
-        seed=ep.world.seed,
         instruction=result.task.instruction,
         policy=policy.name,
         adapter=run.adapter,
-        status="finished",
-        finish_reason=ep.finish_reason,
-        prompt_token_ids=ep.prompt_token_ids,
-        answer=ep.world.answer,
-        finished_at=utcnow(),
-    )
-    session.add(row)
-    session.flush()
-    for turn in ep.turns:
-        episode_store.add_step(session, row.id, turn)
-    episode_store.add_reward(
-        session,
-        source="evaluator",
-        value=result.reward,
-        success=result.success,
-        episode_id=row.id,
-        details=result.verdict.to_dict(),
+        verdict=result.verdict,
+        eval_run_id=run.id,
     )
 
 

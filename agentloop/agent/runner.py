@@ -110,7 +110,7 @@ def prepare_world(task: Task, settings: Settings) -> Prepared:
 def pin_adapter(policy: Policy, settings: Settings) -> str | None:
     """The active adapter for episodes starting now, loaded into the policy if needed."""
     with session_scope() as s:
-        active = adapter_store.active_adapter(s, settings.model)
+        active = adapter_store.active_adapter(s, settings.model_name)
         name, path = (active.name, active.path) if active else (None, None)
     if name is not None and path is not None and name not in policy.loaded_adapters():
         policy.load_adapter(name, path)

@@ -53,7 +53,9 @@ class LoopConfig:
     rollout_mode: Literal["local", "celery"] = field(
         default="local", metadata={"help": "local: this process samples; celery: the rollouts queue does"}
     )
-    min_rollouts_per_task: int = field(default=4, metadata={"help": "stragglers: go on with >= this many of K"})
+    min_rollouts_per_task: int | None = field(
+        default=None, metadata={"help": "stragglers: go on with >= this many of K (default min(4, K))"}
+    )
     min_fraction: float = field(default=0.9, metadata={"help": "stragglers: ... and this fraction overall"})
     rollout_timeout_s: float = field(default=3600.0, metadata={"help": "stop waiting for rollouts after this"})
     dev_split: str = field(default="dev", metadata={"help": "split the candidate adapter is evaluated on"})
@@ -67,6 +69,8 @@ class LoopConfig:
         self.splits = tuple(self.splits)
         self.lora_targets = tuple(self.lora_targets)
         problems = []
+        if self.min_rollouts_per_task is None:
+            self.min_rollouts_per_task = min(4, self.rollouts_per_task)
         if self.algo not in ALGOS:
             problems.append(f"algo must be one of {', '.join(ALGOS)}")
         if self.rollouts_per_task < 2 and self.algo != "reinforce":

@@ -81,14 +81,29 @@ def logprobs_from_hidden(
 
 
 def sequence_logprobs(
-    model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, chunk: int = 512, temperature: float = 1.0
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    chunk: int = 512,
+    temperature: float = 1.0,
+    target_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """log p(input_ids[:, t+1] | input_ids[:, :t+1]) for every position: (B, T-1). Works for a plain
-    causal LM and for a PEFT-wrapped one (the output layer is not adapted)."""
+    """log p(input_ids[:, t+1] | input_ids[:, :t+1]): (B, T-1). Works for a plain causal LM and for a
+    PEFT-wrapped one (the output layer is not adapted). With `target_mask` (B, T-1), the output layer
+    runs only where it is 1 (the agent's tokens) and other positions are 0: a long prompt costs one
+    decoder pass, not a vocabulary-sized product per position."""
     decoder = model.get_decoder()
     hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state  # (B,T,H)
     weight = model.get_output_embeddings().weight  # (V, H)
-    return logprobs_from_hidden(hidden[:, :-1], weight, input_ids[:, 1:], chunk, temperature)
+    hidden, targets = hidden[:, :-1], input_ids[:, 1:]
+    if target_mask is None:
+        return logprobs_from_hidden(hidden, weight, targets, chunk, temperature)
+    rows, cols = target_mask.nonzero(as_tuple=True)
+    picked = logprobs_from_hidden(
+        hidden[rows, cols].unsqueeze(0), weight, targets[rows, cols].unsqueeze(0), chunk, temperature
+    )[0]  # (n,)
+    out = torch.zeros(targets.shape, dtype=picked.dtype, device=picked.device)
+    return out.index_put((rows, cols), picked)
 
 
 def naive_sequence_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

@@ -72,7 +72,7 @@ class LocalPolicy:
             torch.set_num_threads(settings.torch_threads)
         model_dir = resolve_model_dir(settings.model, settings.models_dir)
         model, tokenizer = load_model_and_tokenizer(model_dir, settings.model_dtype, settings.device)
-        return cls(model, tokenizer, name=settings.model, max_batch_size=settings.max_batch_size)
+        return cls(model, tokenizer, name=settings.model_name, max_batch_size=settings.max_batch_size)
 
     # --- adapters --------------------------------------------------------------------------
     def load_adapter(self, name: str, path: str) -> None:

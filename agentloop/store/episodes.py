@@ -38,6 +38,55 @@ def add_step(session: Session, episode_id: str, turn: Any) -> Step:
     return step
 
 
+def add_finished_episode(
+    session: Session,
+    episode: Any,
+    *,
+    kind: str,
+    world: str,
+    task_ref: str | None,
+    instruction: str,
+    policy: str,
+    adapter: str | None,
+    verdict: Any | None = None,
+    eval_run_id: str | None = None,
+    training_run_id: str | None = None,
+    iteration: int | None = None,
+) -> Episode:
+    """Store an episode that ran to its end elsewhere (eval, rollouts): its steps and its evaluator reward."""
+    row = Episode(
+        kind=kind,
+        world=world,
+        task_ref=task_ref,
+        seed=episode.world.seed,
+        instruction=instruction,
+        policy=policy,
+        adapter=adapter,
+        status="finished",
+        finish_reason=episode.finish_reason,
+        prompt_token_ids=episode.prompt_token_ids,
+        answer=episode.world.answer,
+        finished_at=utcnow(),
+        eval_run_id=eval_run_id,
+        training_run_id=training_run_id,
+        iteration=iteration,
+    )
+    session.add(row)
+    session.flush()
+    for turn in episode.turns:
+        add_step(session, row.id, turn)
+    if verdict is not None:
+        add_reward(
+            session,
+            source="evaluator",
+            value=verdict.reward,
+            success=verdict.success,
+            episode_id=row.id,
+            details=verdict.to_dict(),
+        )
+    return row
+
+
 def latest_episode(session: Session, task_id: str) -> Episode | None:
     return session.scalars(
         sa.select(Episode).where(Episode.task_id == task_id).order_by(Episode.attempt.desc()).limit(1)

@@ -147,6 +147,7 @@ class TrainingRun(Base):
     progress: Mapped[dict[str, Any]] = mapped_column(default=dict)
     metrics: Mapped[list[Any]] = mapped_column(default=list)
     iteration: Mapped[int] = mapped_column(default=0)
+    attempts: Mapped[int] = mapped_column(default=0, server_default="0")
     error: Mapped[str | None] = mapped_column(sa.Text)
     adapter: Mapped[str | None] = mapped_column(sa.String(200))
     lease_owner: Mapped[str | None] = mapped_column(sa.String(200))
@@ -180,13 +181,17 @@ class Episode(Base):
     """One attempt at a task (served) or one rollout (training); pinned to one adapter."""
 
     __tablename__ = "episodes"
-    __table_args__ = (sa.Index("ix_episodes_task_attempt", "task_id", "attempt"),)
+    __table_args__ = (
+        sa.Index("ix_episodes_task_attempt", "task_id", "attempt"),
+        sa.Index("ix_episodes_run_iteration", "training_run_id", "iteration"),
+    )
     id: Mapped[str] = mapped_column(sa.String(36), primary_key=True, default=new_id)
     task_id: Mapped[str | None] = mapped_column(sa.ForeignKey("tasks.id", ondelete="CASCADE"))
     training_run_id: Mapped[str | None] = mapped_column(
         sa.ForeignKey("training_runs.id", ondelete="CASCADE"), index=True
     )
     eval_run_id: Mapped[str | None] = mapped_column(sa.ForeignKey("eval_runs.id", ondelete="CASCADE"), index=True)
+    iteration: Mapped[int | None]  # training iteration of a rollout
     attempt: Mapped[int] = mapped_column(default=1)
     kind: Mapped[str] = mapped_column(sa.String(16), default="served")  # served | rollout | eval
     world: Mapped[str] = mapped_column(sa.String(64))

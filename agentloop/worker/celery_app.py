@@ -45,6 +45,8 @@ def configure(app: Celery, settings: Settings) -> None:
         task_routes={
             "agentloop.run_episode": {"queue": "episodes"},
             "agentloop.sweep_leases": {"queue": "maintenance"},
+            "agentloop.train": {"queue": "learner"},
+            "agentloop.rollout": {"queue": "rollouts"},
         },
         beat_schedule={
             "sweep-leases": {

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from datetime import timedelta
+from typing import Any
 
 from agentloop import events
 from agentloop.settings import Settings
@@ -60,6 +61,34 @@ def publish_training(run_id: str) -> bool:
     return True
 
 
+def publish_rollouts(
+    run_id: str,
+    iteration: int,
+    task_ref: str,
+    k: int,
+    adapter: str,
+    adapter_path: str,
+    limits: dict[str, Any],
+    world: str,
+) -> None:
+    from agentloop.worker.celery_app import app
+
+    app.send_task(
+        "agentloop.rollout",
+        kwargs={
+            "run_id": run_id,
+            "iteration": iteration,
+            "task_ref": task_ref,
+            "k": k,
+            "adapter": adapter,
+            "adapter_path": adapter_path,
+            "limits": limits,
+            "world": world,
+        },
+        queue="rollouts",
+    )
+
+
 def sweep(settings: Settings) -> dict[str, int]:
     """Re-queue (or fail) tasks whose worker stopped heartbeating; re-publish queued tasks whose
     message may be lost. Safe to run concurrently and repeatedly: claims are atomic."""
@@ -94,6 +123,36 @@ def sweep(settings: Settings) -> dict[str, int]:
             )
         ]
     republished = sum(publish_episode(tid) for tid in [*requeued, *stale])
+    runs = sweep_training_runs(settings, now)
     if requeued or failed or stale:
         log.info("sweep: requeued %d, failed %d, republished %d", len(requeued), failed, republished)
-    return {"requeued": len(requeued), "failed": failed, "republished": republished}
+    return {"requeued": len(requeued), "failed": failed, "republished": republished, **runs}
+
+
+def sweep_training_runs(settings: Settings, now: Any) -> dict[str, int]:
+    """A learner that stopped heartbeating: record why and re-queue its run (it resumes from its last
+    checkpoint), or fail it after max_attempts."""
+    import sqlalchemy as sa
+
+    from agentloop.store.models import TrainingRun
+
+    requeued: list[str] = []
+    failed = 0
+    with session_scope() as s:
+        lost = s.scalars(
+            sa.select(TrainingRun)
+            .where(TrainingRun.status == "running", TrainingRun.lease_expires_at < now)
+            .with_for_update(skip_locked=True)
+        ).all()
+        for run in lost:
+            note = f"learner lost during attempt {run.attempts} at iteration {run.iteration} (lease expired)"
+            run.lease_owner, run.lease_expires_at = None, None
+            if run.attempts >= settings.max_attempts:
+                run.status, run.error, run.finished_at = "failed", f"{note}; gave up", now
+                failed += 1
+            else:
+                run.status, run.error = "queued", f"{note}; resuming from its last checkpoint"
+                requeued.append(run.id)
+    for run_id in requeued:
+        publish_training(run_id)
+    return {"runs_requeued": len(requeued), "runs_failed": failed}

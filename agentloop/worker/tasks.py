@@ -41,3 +41,18 @@ def run_episode(self: CeleryTask, task_id: str) -> str:
 @app.task(name="agentloop.sweep_leases")
 def sweep_leases() -> dict[str, Any]:
     return sweep(get_settings())
+
+
+@app.task(name="agentloop.train", bind=True, acks_late=True)
+def train(self: CeleryTask, run_id: str) -> str:
+    from agentloop.learner.trainer import run_training
+
+    owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+    return run_training(run_id, owner, get_settings())
+
+
+@app.task(name="agentloop.rollout")
+def rollout(**job: Any) -> int:
+    from agentloop.learner.rollouts import run_rollout_job
+
+    return run_rollout_job(get_policy(get_settings()), **job)

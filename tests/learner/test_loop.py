@@ -152,3 +152,19 @@ def test_chunked_logprobs_have_the_same_gradient():
     assert torch.allclose(chunked, full, atol=1e-5)
     chunked.sum().backward()
     assert torch.allclose(hidden.grad, g_hidden, atol=1e-5) and torch.allclose(weight.grad, g_weight, atol=1e-5)
+
+
+def test_selected_positions_equal_the_full_computation(tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    ids = torch.randint(0, 1000, (2, 20))
+    attn = torch.ones_like(ids)
+    select = torch.zeros((2, 19))
+    select[0, 3:6] = 1
+    select[1, 10:] = 1
+    full = sequence_logprobs(model, ids, attn, chunk=7)
+    picked = sequence_logprobs(model, ids, attn, chunk=7, target_mask=select)
+    assert torch.allclose(picked[select.bool()], full[select.bool()], atol=1e-5)
+    assert (picked[~select.bool()] == 0).all()

@@ -1,0 +1,556 @@
+"""Training runs: the LOOP iteration from task sampling to a promoted (or rejected) adapter.
+
+    iteration i:
+        sample N training tasks (built-in world, resettable external apps, tasks clients sent)
+        K rollouts each, from the same initial state, with the current weights   (rollouts.py)
+        advantages: leave-one-out (or GRPO / REINFORCE), drop |A| < 0.01          (loop.py)
+        pi_old: the sampler's log-probs when it is this process, else recomputed
+        E epochs of clipped updates over shuffled minibatches                    (update.py)
+        save adapter v(n+1) as a candidate; evaluate on dev; promote or reject   (adapters.py)
+        checkpoint (adapter, optimizer, iteration, config) so a lost learner resumes here
+
+`agentloop learn` runs this in the foreground; the Celery `train` task runs it for POST /v1/admin/train
+and for the beat trigger. A run holds a lease on its row while it works.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+import torch
+
+from agentloop import events, faults
+from agentloop.agent.episode import Limits
+from agentloop.agent.eval_runs import world_tasks
+from agentloop.agent.evaluate import EvalTask, run_eval, summarize
+from agentloop.apps.registry import get_world
+from agentloop.learner import adapters, rollouts
+from agentloop.learner.config import LoopConfig
+from agentloop.learner.loop import group_normalised_advantages, keep_mask, leave_one_out_advantages, std_normalise
+from agentloop.learner.update import LogprobModel, compute_logprobs, sampler_gap, update
+from agentloop.policy.local import LocalPolicy
+from agentloop.settings import Settings
+from agentloop.store import adapters as adapter_store
+from agentloop.store.db import session_scope
+from agentloop.store.models import TrainingRun, utcnow
+
+log = logging.getLogger(__name__)
+
+Report = Callable[[dict[str, Any]], None]
+
+
+# --- advantages for one iteration ----------------------------------------------------------------
+
+
+def advantages_for(groups: list[list[rollouts.Rollout]], config: LoopConfig) -> list[tuple[rollouts.Rollout, float]]:
+    """Each rollout with its advantage; rollouts with |A| < threshold are dropped. Groups may be ragged
+    (stragglers dropped): each is handled on its own."""
+    kept: list[tuple[rollouts.Rollout, float]] = []
+    if config.algo == "reinforce":  # one baseline for the whole batch
+        every = [r for g in groups for r in g]
+        baseline = sum(r.reward for r in every) / max(len(every), 1)
+        return [(r, r.reward - baseline) for r in every if abs(r.reward - baseline) >= config.adv_threshold]
+    for group in groups:
+        if len(group) < 2:
+            continue
+        rewards = torch.tensor([[r.reward for r in group]])
+        if config.algo == "grpo":
+            adv = group_normalised_advantages(rewards)
+        else:
+            adv = leave_one_out_advantages(rewards)
+            if config.std_normalise:
+                adv = std_normalise(adv, rewards)
+        keep = keep_mask(adv, config.adv_threshold)
+        kept += [(r, float(a)) for r, a, k in zip(group, adv[0].tolist(), keep[0].tolist(), strict=True) if k]
+    return kept
+
+
+# --- the model -----------------------------------------------------------------------------------
+
+
+def lora_model(base: Any, config: LoopConfig, init_from: str | None) -> Any:
+    """The one model in memory: the base with a trainable LoRA adapter (from `init_from`, or fresh)."""
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    for p in base.parameters():
+        p.requires_grad_(False)
+    if init_from is not None:
+        return PeftModel.from_pretrained(base, init_from, is_trainable=True)
+    lora = LoraConfig(
+        r=config.lora_r,
+        lora_alpha=config.lora_alpha,
+        target_modules=list(config.lora_targets),
+        lora_dropout=0.0,
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(base, lora)
+
+
+def _write_atomically(target: Path, write: Callable[[Path], None]) -> None:
+    tmp = target.with_name(target.name + ".tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    write(tmp)
+    faults.crash_point("checkpoint_save")
+    old = target.with_name(target.name + ".old")
+    if target.exists():
+        os.replace(target, old)
+    os.replace(tmp, target)
+    if old.exists():
+        shutil.rmtree(old)
+
+
+@dataclass
+class Checkpoint:
+    """Self-describing: the adapter weights, the optimizer, the next iteration, the config, the RNG."""
+
+    path: Path
+
+    @property
+    def exists(self) -> bool:
+        return (self.path / "state.json").exists()
+
+    def save(
+        self,
+        model: Any,
+        optimizer: torch.optim.Optimizer,
+        next_iteration: int,
+        config: LoopConfig,
+        rng: random.Random,
+        extra: dict[str, Any],
+    ) -> None:
+        def write(tmp: Path) -> None:
+            model.save_pretrained(tmp / "adapter")
+            torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+            state = {"next_iteration": next_iteration, "config": config.to_dict(), "rng": rng.getstate(), **extra}
+            (tmp / "state.json").write_text(json.dumps(state, default=list))
+
+        _write_atomically(self.path, write)
+
+    def state(self) -> dict[str, Any]:
+        return dict(json.loads((self.path / "state.json").read_text()))
+
+
+# --- a run -----------------------------------------------------------------------------------------
+
+
+@dataclass
+class Trainer:
+    settings: Settings
+    config: LoopConfig
+    run_id: str
+    report: Report = field(default=lambda _p: None)
+    model: Any = None
+    tokenizer: Any = None
+    accelerator: Any = None
+
+    def __post_init__(self) -> None:
+        self.run_dir = self.settings.home.resolve() / "runs" / self.run_id
+        self.checkpoint = Checkpoint(self.run_dir / "checkpoint")
+        self.rng = random.Random(self.config.seed)
+        self.baseline_dev_tgc: float | None = None
+        self.parent: str | None = None
+
+    # --- setup
+    def setup(self) -> int:
+        """Load the model (resuming from the checkpoint, or starting from the active adapter) and return
+        the first iteration to run."""
+        from accelerate import Accelerator
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from agentloop.policy.models import resolve_model_dir
+
+        self.accelerator = self.accelerator or Accelerator(cpu=not torch.cuda.is_available())
+        start = 0
+        init_from: str | None = None
+        with session_scope() as s:
+            active = adapter_store.active_adapter(s, self.settings.model_name)
+            if active is not None:
+                adapters.verify(active)
+                self.parent, init_from = active.name, active.path
+                self.baseline_dev_tgc = (active.metrics or {}).get("dev_tgc")
+        if self.checkpoint.exists:
+            state = self.checkpoint.state()
+            start = int(state["next_iteration"])
+            self.rng.setstate(_rng_state(state["rng"]))
+            self.parent = state.get("parent", self.parent)
+            self.baseline_dev_tgc = state.get("baseline_dev_tgc", self.baseline_dev_tgc)
+            init_from = str(self.checkpoint.path / "adapter")
+            log.info("run %s resumes at iteration %d from %s", self.run_id, start, self.checkpoint.path)
+        if self.model is None:
+            model_dir = resolve_model_dir(self.settings.model, self.settings.models_dir)
+            base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+            self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+            torch.manual_seed(self.config.seed)
+            self.model = lora_model(base, self.config, init_from)
+        self.model.to(self.accelerator.device)
+        self.module = LogprobModel(self.model, self.config.logprob_chunk)
+        trainable = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(trainable, lr=self.config.lr, weight_decay=self.config.weight_decay)
+        if self.checkpoint.exists and (self.checkpoint.path / "optimizer.pt").exists():
+            self.optimizer.load_state_dict(torch.load(self.checkpoint.path / "optimizer.pt", weights_only=False))
+        self.optimizer = self.accelerator.prepare(self.optimizer)
+        eos = self.tokenizer.eos_token_id
+        self.pad_id = int(self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else eos)
+        self.policy = LocalPolicy(
+            self.model,
+            self.tokenizer,
+            name=self.settings.model_name,
+            max_batch_size=self.settings.max_batch_size,
+            seed=self.config.seed,
+        )
+        self.world = get_world(self.config.world)
+        self.train_tasks = [t for split in self.config.splits for t in world_tasks(self.world, split)]
+        return start
+
+    def limits(self, dev: bool = False) -> Limits:
+        c = self.config
+        return Limits(
+            max_turns=c.dev_max_turns if dev else c.max_turns,
+            max_new_tokens=c.max_new_tokens,
+            observation_max_tokens=c.observation_max_tokens,
+            max_context_tokens=c.max_context_tokens,
+            wall_time_s=1e9,
+            temperature=0.0 if dev else c.temperature,
+        )
+
+    # --- phases
+    def dev_tgc(self) -> float:
+        tasks = world_tasks(self.world, self.config.dev_split, self.config.dev_limit)
+        self.report({"phase": "evaluating", "dev_tasks": len(tasks)})
+        self.model.eval()
+        self.policy.clear_cache()
+        results = run_eval(self.policy, tasks, 1, self.limits(dev=True), self.settings.max_batch_size)
+        self.policy.clear_cache()
+        return float(summarize(results)["tgc"])
+
+    def collect(self, iteration: int) -> dict[str, list[rollouts.Rollout]]:
+        c = self.config
+        tasks = rollouts.sample_tasks(self.train_tasks, c.tasks_per_iteration, self.rng)
+        total = len(tasks) * c.rollouts_per_task
+        done = [0]
+        self.report({"phase": "rollouts", "iteration": iteration, "rollouts_done": 0, "rollouts_total": total})
+
+        def on_result(_result: Any) -> None:
+            done[0] += 1
+            if done[0] % max(1, total // 20) == 0 or done[0] == total:
+                self.report(
+                    {"phase": "rollouts", "iteration": iteration, "rollouts_done": done[0], "rollouts_total": total}
+                )
+
+        def store(result: Any) -> str | None:
+            with session_scope() as s:
+                return rollouts.store_rollout(
+                    s,
+                    result,
+                    world=self.world.name,
+                    policy=self.policy.name,
+                    adapter=None,
+                    run_id=self.run_id,
+                    iteration=iteration,
+                )
+
+        self.model.eval()
+        if c.rollout_mode == "celery":
+            return self.collect_distributed(iteration, _distinct(tasks))
+        self.policy.clear_cache()
+        by_task = rollouts.run_local(
+            self.policy,
+            _distinct(tasks),
+            c.rollouts_per_task,
+            self.limits(),
+            self.settings.max_batch_size,
+            store=store,
+            on_result=on_result,
+        )
+        self.policy.clear_cache()
+        return by_task
+
+    def collect_distributed(self, iteration: int, tasks: list[EvalTask]) -> dict[str, list[rollouts.Rollout]]:
+        """One job per task on the `rollouts` queue, with the current weights saved for the workers."""
+        from agentloop.worker.dispatch import publish_rollouts
+
+        c = self.config
+        path = self.run_dir / "rollout-adapters" / f"it{iteration}"
+        _write_atomically(path, lambda tmp: self.model.save_pretrained(tmp))
+        name = f"run-{self.run_id[:8]}-it{iteration}"  # a new name per iteration: never a stale cache
+        limits = self.limits().__dict__
+        refs = [t.task_ref for t in tasks]
+        for ref in refs:
+            publish_rollouts(self.run_id, iteration, ref, c.rollouts_per_task, name, str(path), limits, c.world)
+
+        def load() -> dict[str, list[rollouts.Rollout]]:
+            with session_scope() as s:
+                return rollouts.stored_rollouts(s, self.run_id, iteration)
+
+        def progress(done: int) -> None:
+            self.report(
+                {
+                    "phase": "rollouts",
+                    "iteration": iteration,
+                    "rollouts_done": done,
+                    "rollouts_total": len(refs) * c.rollouts_per_task,
+                }
+            )
+
+        return rollouts.wait_for_stored(
+            load, refs, c.rollouts_per_task, c.min_rollouts_per_task or 1, c.min_fraction, c.rollout_timeout_s, progress
+        )
+
+    def iteration(self, i: int) -> dict[str, Any]:
+        c = self.config
+        t0 = time.perf_counter()
+        by_task = self.collect(i)
+        every = [r for g in by_task.values() for r in g]
+        kept = advantages_for(list(by_task.values()), c)
+        metrics: dict[str, Any] = {
+            "iteration": i,
+            "reward/mean": sum(r.reward for r in every) / max(len(every), 1),
+            "success/rate": sum(r.success for r in every) / max(len(every), 1),
+            "adv/filtered_frac": 1 - len(kept) / max(len(every), 1),
+            "rollouts": len(every),
+            "perf/rollout_s": time.perf_counter() - t0,
+        }
+        if kept:
+            batch = [r for r, _ in kept]
+            advs = [a for _, a in kept]
+            self.report({"phase": "updating", "iteration": i, "rollouts_kept": len(kept)})
+            learner_logps = compute_logprobs(
+                self.module, batch, self.pad_id, c.micro_batch_size, self.accelerator.device
+            )
+            gap = sampler_gap(learner_logps, batch)
+            metrics["sampler_learner_gap"] = gap
+            recompute = c.recompute_old_logprobs == "always" or (
+                c.recompute_old_logprobs == "auto" and (c.rollout_mode != "local" or gap > 1e-3)
+            )
+            metrics["old_logprobs_recomputed"] = float(recompute)
+            metrics.update(
+                update(
+                    self.module,
+                    self.optimizer,
+                    self.accelerator,
+                    batch,
+                    advs,
+                    learner_logps if recompute else None,
+                    c,
+                    self.pad_id,
+                    self.rng,
+                    reference=self.model if c.kl_coef > 0 else None,
+                )
+            )
+            self.policy.clear_cache()
+        else:
+            metrics.update(
+                {
+                    "loss/clip_frac": 0.0,
+                    "loss/approx_kl": 0.0,
+                    "sampler_learner_gap": 0.0,
+                    "perf/tokens_per_s": 0.0,
+                    "perf/peak_mem_mb": 0.0,
+                }
+            )
+        if c.promote and kept and self.accelerator.is_main_process:  # no update, no new version
+            metrics.update(self.save_and_gate(i))
+        return metrics
+
+    def save_and_gate(self, i: int) -> dict[str, Any]:
+        if self.baseline_dev_tgc is None:  # nothing active yet: the bar is the base model
+            with self.model.disable_adapter():
+                self.baseline_dev_tgc = self.dev_tgc()
+        self.report({"phase": "saving", "iteration": i})
+        with session_scope() as s:
+            row = adapters.save_adapter(
+                s,
+                self.model,
+                self.settings.adapters_dir,
+                self.settings.model_name,
+                parent=self.parent,
+                training_run_id=self.run_id,
+            )
+            name = row.name
+        dev = self.dev_tgc()
+        with session_scope() as s:
+            candidate = adapter_store.get_adapter(s, name)
+            assert candidate is not None
+            promoted = adapters.promote_or_reject(
+                s, candidate, dev, self.baseline_dev_tgc, self.config.promotion_tolerance
+            )
+            s.execute(sa.update(TrainingRun).where(TrainingRun.id == self.run_id).values(adapter=name))
+        if promoted:
+            adapters.announce(candidate)
+            self.parent, self.baseline_dev_tgc = name, dev
+        return {
+            "dev/tgc": dev,
+            "dev/baseline_tgc": self.baseline_dev_tgc,
+            "adapter": name,
+            "adapter/promoted": float(promoted),
+        }
+
+    def run(self, start: int) -> list[dict[str, Any]]:
+        history = []
+        for i in range(start, self.config.iterations):
+            metrics = self.iteration(i)
+            history.append(metrics)
+            if self.accelerator.is_main_process:
+                self.checkpoint.save(
+                    self.model,
+                    self.optimizer,
+                    i + 1,
+                    self.config,
+                    self.rng,
+                    {"parent": self.parent, "baseline_dev_tgc": self.baseline_dev_tgc},
+                )
+                with session_scope() as s:
+                    run = s.get(TrainingRun, self.run_id)
+                    assert run is not None
+                    run.iteration = i + 1
+                    run.metrics = [*(run.metrics or []), metrics]
+                self.report({"phase": "iteration_done", "iteration": i, "metrics": metrics})
+        return history
+
+
+def _distinct(tasks: list[EvalTask]) -> list[EvalTask]:
+    seen: set[str] = set()
+    return [t for t in tasks if not (t.task_ref in seen or seen.add(t.task_ref))]  # type: ignore[func-returns-value]
+
+
+def _rng_state(value: Any) -> Any:
+    """JSON turned the RNG state's tuples into lists; random.setstate wants them back."""
+    version, internal, gauss = value
+    return (version, tuple(internal), gauss)
+
+
+# --- leases and the entry point ---------------------------------------------------------------------
+
+
+def claim_run(run_id: str, owner: str, lease_s: float) -> TrainingRun | None:
+    now = utcnow()
+    with session_scope() as s:
+        result = s.execute(
+            sa.update(TrainingRun)
+            .where(
+                TrainingRun.id == run_id,
+                sa.or_(
+                    TrainingRun.status == "queued",
+                    sa.and_(TrainingRun.status == "running", TrainingRun.lease_expires_at < now),
+                ),
+            )
+            .values(
+                status="running",
+                lease_owner=owner,
+                lease_expires_at=now + timedelta(seconds=lease_s),
+                started_at=sa.func.coalesce(TrainingRun.started_at, now),
+                attempts=TrainingRun.attempts + 1,
+            )
+            .execution_options(synchronize_session=False)
+        )
+        if result.rowcount != 1:  # type: ignore[attr-defined]
+            return None
+        run = s.get(TrainingRun, run_id, populate_existing=True)
+        assert run is not None
+        s.expunge(run)
+        return run
+
+
+class RunHeartbeat(threading.Thread):
+    def __init__(self, run_id: str, owner: str, settings: Settings) -> None:
+        super().__init__(daemon=True, name=f"run-heartbeat-{run_id[:8]}")
+        self.run_id, self.owner, self.settings = run_id, owner, settings
+        self.stop_event = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop_event.wait(self.settings.heartbeat_s):
+            try:
+                with session_scope() as s:
+                    s.execute(
+                        sa.update(TrainingRun)
+                        .where(TrainingRun.id == self.run_id, TrainingRun.lease_owner == self.owner)
+                        .values(lease_expires_at=utcnow() + timedelta(seconds=self.settings.lease_s))
+                    )
+            except Exception as exc:  # retried next period; the lease outlives several
+                log.warning("heartbeat of training run %s failed: %s", self.run_id, exc)
+
+
+def db_reporter(run_id: str) -> Report:
+    def report(progress: dict[str, Any]) -> None:
+        with session_scope() as s:
+            s.execute(
+                sa.update(TrainingRun)
+                .where(TrainingRun.id == run_id)
+                .values(progress={k: v for k, v in progress.items() if k != "metrics"})
+            )
+        events.publish(
+            events.run_channel(run_id),
+            {"type": "progress", **{k: v for k, v in progress.items() if isinstance(v, int | float | str)}},
+        )
+
+    return report
+
+
+def run_training(run_id: str, owner: str, settings: Settings, report: Report | None = None) -> str:
+    """Claim the run, train, and record the outcome. Returns finished | failed | not_claimed."""
+    run = claim_run(run_id, owner, settings.lease_s)
+    if run is None:
+        return "not_claimed"
+    to_db = db_reporter(run_id)
+
+    def both(progress: dict[str, Any]) -> None:
+        to_db(progress)
+        if report is not None:
+            report(progress)
+
+    heartbeat = RunHeartbeat(run_id, owner, settings)
+    heartbeat.start()
+    try:
+        config = LoopConfig.for_algo(
+            run.config.get("algo", run.algo), **{k: v for k, v in run.config.items() if k != "algo"}
+        )
+        trainer = Trainer(settings, config, run_id, report=both)
+        start = trainer.setup()
+        trainer.run(start)
+    except Exception as exc:
+        log.exception("training run %s failed", run_id)
+        with session_scope() as s:
+            s.execute(
+                sa.update(TrainingRun)
+                .where(TrainingRun.id == run_id, TrainingRun.lease_owner == owner)
+                .values(
+                    status="failed",
+                    error=f"{type(exc).__name__}: {exc}",
+                    finished_at=utcnow(),
+                    lease_owner=None,
+                    lease_expires_at=None,
+                )
+            )
+        events.publish(events.run_channel(run_id), {"type": "done"})
+        return "failed"
+    finally:
+        heartbeat.stop_event.set()
+    with session_scope() as s:
+        s.execute(
+            sa.update(TrainingRun)
+            .where(TrainingRun.id == run_id, TrainingRun.lease_owner == owner)
+            .values(
+                status="finished",
+                finished_at=utcnow(),
+                lease_owner=None,
+                lease_expires_at=None,
+                progress={"phase": "finished"},
+            )
+        )
+    events.publish(events.run_channel(run_id), {"type": "done"})
+    return "finished"

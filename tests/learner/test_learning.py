@@ -1,0 +1,98 @@
+"""LOOP learns: a tiny model in a toy world where the rewarded behaviour is known."""
+
+import dataclasses
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from agentloop.agent.episode import Limits
+from agentloop.agent.eval_runs import world_tasks
+from agentloop.apps import registry
+from agentloop.apps.tasks import OracleClient, ToolCall
+from agentloop.learner.config import LoopConfig
+from agentloop.learner.sft import expert_rollouts, supervised_steps
+from agentloop.learner.trainer import Trainer, lora_model
+from agentloop.settings import get_settings
+from agentloop.store.db import session_scope
+from agentloop.store.models import Adapter, TrainingRun
+from tests.learner.lights_world import LightsWorld, turn_off_oracle
+
+
+@pytest.fixture
+def lights_world():
+    registry.worlds.cache_clear()
+    registry.worlds()["lights"] = LightsWorld()
+    yield registry.worlds()["lights"]
+    registry.worlds.cache_clear()
+
+
+def warm_started_model(tiny_model_dir, world, steps=150):
+    """Supervised on expert turns, half of them the wrong action: the policy starts near 50/50."""
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tasks = world_tasks(world, "train")
+    wrong = [
+        dataclasses.replace(
+            t,
+            expert=lambda: [ToolCall("lights", "turn_off", {})],
+        )
+        for t in tasks
+    ]
+    demos = expert_rollouts(tok, tasks + wrong, Limits(max_turns=1))
+    losses = supervised_steps(model, demos, tok.eos_token_id, steps=steps, lr=1e-2, batch_size=4)
+    assert losses[-1] < losses[0] / 4  # it learnt the two answers
+    return model, tok
+
+
+@pytest.mark.timeout(300)
+def test_loop_raises_the_success_rate(sqlite_db, lights_world, tiny_model_dir, configure_env):
+    configure_env(MODEL=tiny_model_dir, MAX_BATCH_SIZE=36)
+    base, tok = warm_started_model(tiny_model_dir, lights_world, steps=150)
+    config = LoopConfig(
+        world="lights",
+        splits=("train",),
+        tasks_per_iteration=6,
+        rollouts_per_task=6,
+        iterations=6,
+        max_turns=1,
+        max_new_tokens=40,
+        lr=3e-3,
+        clip_eps=0.3,
+        epochs=3,
+        minibatch_size=12,
+        micro_batch_size=6,
+        dev_split="dev",
+        dev_max_turns=1,
+        lora_r=16,
+        lora_alpha=32,
+        seed=1,
+    )
+    model = lora_model(base, config, None)
+    with session_scope() as s:
+        run = TrainingRun(algo="loop", status="running", trigger="test", config=config.to_dict())
+        s.add(run)
+        s.flush()
+        run_id = run.id
+    trainer = Trainer(get_settings(), config, run_id, model=model, tokenizer=tok)
+    history = trainer.run(trainer.setup())
+    rates = [m["success/rate"] for m in history]
+    print("success rate per iteration:", rates)
+    assert rates[0] <= 0.35, rates  # the warm start mostly takes the wrong action
+    late = sum(rates[-3:]) / 3
+    assert late >= rates[0] + 0.15 and late >= 1.6 * rates[0], rates  # then it learns the rewarded one
+    assert all(m["loss/approx_kl"] < config.kl_stop for m in history)
+    with session_scope() as s:
+        versions = s.query(Adapter).order_by(Adapter.version).all()
+        assert versions and versions[-1].status in ("active", "rejected")
+        run = s.get(TrainingRun, run_id)
+        assert run.iteration == 6 and len(run.metrics) == 6
+
+
+def test_the_wrong_action_is_really_wrong(lights_world):
+    task = lights_world.task("lights-0")
+    world = lights_world.task_world("lights-0")
+    before = world.copy_state()
+    turn_off_oracle(OracleClient(world))
+    assert not task.evaluator.evaluate(before, world.state, None).success

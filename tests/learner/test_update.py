@@ -1,0 +1,49 @@
+"""The update step moves probability the right way: up for positive advantages, down for negative."""
+
+import dataclasses
+import random
+
+import torch
+from accelerate import Accelerator
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from agentloop.agent.episode import Limits
+from agentloop.agent.eval_runs import world_tasks
+from agentloop.apps.tasks import ToolCall
+from agentloop.learner.config import LoopConfig
+from agentloop.learner.sft import expert_rollouts
+from agentloop.learner.trainer import lora_model
+from agentloop.learner.update import LogprobModel, compute_logprobs, update
+from tests.learner.lights_world import LightsWorld
+
+
+def _rollouts(tok):
+    world = LightsWorld()
+    task = world_tasks(world, "train")[0]
+    wrong = dataclasses.replace(task, expert=lambda: [ToolCall("lights", "turn_off", {})])
+    return expert_rollouts(tok, [task, wrong], Limits(max_turns=1))
+
+
+def _agent_logp(module, rollouts, pad_id):
+    out = compute_logprobs(module, rollouts, pad_id, 4, torch.device("cpu"))
+    return [float((lp * torch.tensor(r.agent_mask[1:])).sum()) for lp, r in zip(out, rollouts, strict=True)]
+
+
+def test_update_follows_the_advantage_sign(tiny_model_dir):
+    torch.manual_seed(0)
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    on, off = _rollouts(tok)
+    for algo in ("loop", "reinforce"):
+        config = LoopConfig(algo=algo, lr=1e-3, epochs=3, minibatch_size=2, micro_batch_size=2, lora_r=8, lora_alpha=16)
+        model = lora_model(base, config, None)
+        module = LogprobModel(model, 512)
+        old = compute_logprobs(module, [on, off], tok.eos_token_id, 4, torch.device("cpu"))
+        before = _agent_logp(module, [on, off], tok.eos_token_id)
+        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=config.lr)
+        update(
+            module, opt, Accelerator(cpu=True), [on, off], [1.0, -1.0], old, config, tok.eos_token_id, random.Random(0)
+        )
+        after = _agent_logp(module, [on, off], tok.eos_token_id)
+        assert after[0] > before[0] and after[1] < before[1], (algo, before, after)
+        base = model.unload()  # the next algorithm starts from the plain base again
