@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -107,14 +108,46 @@ def prepare_world(task: Task, settings: Settings) -> Prepared:
     return Prepared(world, evaluator)
 
 
+class AdapterPins:
+    """Which adapters running episodes use. An episode pins the active adapter when it starts and keeps
+    it to its end (a promotion never changes a running episode); an adapter that is neither active nor
+    pinned is unloaded, so a long-lived worker holds at most the active version and those in flight."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._count: Counter[str] = Counter()
+
+    def pin(self, policy: Policy, settings: Settings) -> str | None:
+        with session_scope() as s:
+            active = adapter_store.active_adapter(s, settings.model_name)
+            name, path = (active.name, active.path) if active else (None, None)
+        with self._lock:
+            if name is not None and path is not None and name not in policy.loaded_adapters():
+                policy.load_adapter(name, path)
+            if name is not None:
+                self._count[name] += 1
+            for unused in policy.loaded_adapters() - {name} - set(+self._count):
+                policy.unload_adapter(unused)
+        return name
+
+    def release(self, name: str | None) -> None:
+        if name is None:
+            return
+        with self._lock:
+            self._count[name] -= 1
+
+    def pinned(self) -> dict[str, int]:
+        with self._lock:
+            return dict(+self._count)
+
+
+PINS = AdapterPins()
+
+
 def pin_adapter(policy: Policy, settings: Settings) -> str | None:
-    """The active adapter for episodes starting now, loaded into the policy if needed."""
-    with session_scope() as s:
-        active = adapter_store.active_adapter(s, settings.model_name)
-        name, path = (active.name, active.path) if active else (None, None)
-    if name is not None and path is not None and name not in policy.loaded_adapters():
-        policy.load_adapter(name, path)
-    return name
+    """The active adapter for an episode starting now, loaded into the policy if needed; the caller
+    releases it with `PINS.release` when the episode ends."""
+    return PINS.pin(policy, settings)
 
 
 def run_served_task(task_id: str, owner: str, policy: Policy, settings: Settings) -> str:
@@ -144,7 +177,16 @@ def run_served_task(task_id: str, owner: str, policy: Policy, settings: Settings
         log.exception("task %s could not start", task_id)
         _fail(task_id, owner, None, f"could not start the episode: {exc}")
         return "failed"
+    try:
+        return _run_pinned(task, attempt, owner, policy, settings, prepared, adapter)
+    finally:
+        PINS.release(adapter)
 
+
+def _run_pinned(
+    task: Task, attempt: int, owner: str, policy: Policy, settings: Settings, prepared: Prepared, adapter: str | None
+) -> str:
+    task_id = task.id
     opts: dict[str, Any] = task.options
     limits = Limits.from_settings(settings, max_turns=opts.get("max_turns"), temperature=opts.get("temperature"))
     episode = Episode(

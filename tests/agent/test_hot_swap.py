@@ -1,0 +1,109 @@
+"""Hot-swap under load: an adapter is promoted while 20 served episodes run on one policy."""
+
+import threading
+
+import sqlalchemy as sa
+from peft import LoraConfig, get_peft_model
+from transformers import AutoModelForCausalLM
+
+from agentloop.agent import runner
+from agentloop.learner import adapters
+from agentloop.policy.local import LocalPolicy
+from agentloop.settings import get_settings
+from agentloop.store.db import session_scope
+from agentloop.store.models import Episode, Task, TaskStatus, Tenant
+
+
+def _save_version(settings, model_dir, seed):
+    import torch
+
+    torch.manual_seed(seed)
+    model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(model_dir),
+        LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False),
+    )
+    with session_scope() as s:
+        row = adapters.save_adapter(
+            s, model, settings.adapters_dir, settings.model_name, parent=None, training_run_id=None
+        )
+        adapters.activate(s, row)
+        name = row.name
+    adapters.announce(row)
+    return name
+
+
+def _new_tasks(n):
+    with session_scope() as s:
+        if s.get(Tenant, "t") is None:
+            s.add(Tenant(id="t", name="t"))
+            s.flush()
+        rows = [
+            Task(
+                tenant_id="t",
+                request_hash="-",
+                options={},
+                instruction=f"Note {i}: buy milk.",
+                apps=["notes"],
+                world="builtin",
+            )
+            for i in range(n)
+        ]
+        s.add_all(rows)
+        s.flush()
+        return [r.id for r in rows]
+
+
+def _started(ids):
+    with session_scope() as s:
+        return s.scalar(sa.select(sa.func.count()).select_from(Episode).where(Episode.task_id.in_(ids)))
+
+
+def test_promotion_during_twenty_running_episodes(sqlite_db, tiny_model_dir, tokenizer, configure_env):
+    configure_env(MODEL=str(tiny_model_dir), AGENT_MAX_TURNS=4, AGENT_MAX_NEW_TOKENS=24)
+    settings = get_settings()
+    old = _save_version(settings, tiny_model_dir, seed=1)
+    policy = LocalPolicy(AutoModelForCausalLM.from_pretrained(tiny_model_dir), tokenizer, settings.model_name, seed=0)
+    outcomes: dict[str, str] = {}
+
+    def serve(task_id):
+        try:
+            outcomes[task_id] = runner.run_served_task(task_id, f"w-{task_id[:6]}", policy, settings)
+        except Exception as exc:  # a crash is a failed episode too
+            outcomes[task_id] = f"crashed: {exc!r}"
+
+    before, after = _new_tasks(10), _new_tasks(10)
+    threads = [threading.Thread(target=serve, args=(t,)) for t in before]
+    for t in threads:
+        t.start()
+    while _started(before) < len(before):  # all ten pinned their adapter and are running
+        threading.Event().wait(0.01)
+    with session_scope() as s:
+        still_running = s.scalar(
+            sa.select(sa.func.count()).select_from(Task).where(Task.id.in_(before), Task.status == TaskStatus.RUNNING)
+        )
+    new = _save_version(settings, tiny_model_dir, seed=2)  # promoted while they run
+    late = [threading.Thread(target=serve, args=(t,)) for t in after]
+    for t in late:
+        t.start()
+    for t in threads + late:
+        t.join(timeout=300)
+
+    assert still_running >= 5  # the promotion really happened mid-flight
+    assert set(outcomes.values()) == {TaskStatus.FINISHED}, outcomes  # zero failed episodes
+    with session_scope() as s:
+        episodes = {e.task_id: e for e in s.scalars(sa.select(Episode)).all()}
+        tasks = {t.id: t for t in s.scalars(sa.select(Task)).all()}
+        assert all(tasks[i].error is None for i in before + after), [tasks[i].error for i in before + after]
+        assert all(episodes[i].status == "finished" for i in before + after)
+        assert {episodes[i].adapter for i in before} == {old}  # in-flight episodes finished on theirs
+        assert {episodes[i].adapter for i in after} == {new}  # the first started after promotion uses the new one
+        assert all(tasks[i].adapter == episodes[i].adapter for i in before + after)
+        steps_by_old = [len(episodes[i].steps) for i in before]
+    assert min(steps_by_old) >= 1
+    assert runner.PINS.pinned() == {}
+    policy_loaded_at_end = policy.loaded_adapters()
+    assert new in policy_loaded_at_end
+    # one more episode after everything drained: the old version is no longer held in memory
+    (last,) = _new_tasks(1)
+    serve(last)
+    assert policy.loaded_adapters() == {new}
