@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from agentloop import faults
 from agentloop.learner.config import LoopConfig
 from agentloop.learner.loop import kl_to_reference, policy_gradient_loss, ppo_clip_loss, sequence_logprobs
 from agentloop.learner.rollouts import Rollout
@@ -187,6 +188,7 @@ def update(
             grad_norm = float(torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm))
             optimizer.step()
             steps += 1
+            faults.crash_point("learner_update")
             mean_kl = (
                 float(accelerator.reduce(torch.tensor(sum(kls) / max(len(kls), 1), device=device), reduction="mean"))
                 if kls

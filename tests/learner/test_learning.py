@@ -1,55 +1,24 @@
 """LOOP learns: a tiny model in a toy world where the rewarded behaviour is known."""
 
-import dataclasses
-
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from agentloop.agent.episode import Limits
-from agentloop.agent.eval_runs import world_tasks
-from agentloop.apps import registry
-from agentloop.apps.tasks import OracleClient, ToolCall
+from agentloop.apps.tasks import OracleClient
 from agentloop.learner.config import LoopConfig
-from agentloop.learner.sft import expert_rollouts, supervised_steps
 from agentloop.learner.trainer import Trainer, lora_model
 from agentloop.settings import get_settings
 from agentloop.store.db import session_scope
 from agentloop.store.models import Adapter, TrainingRun
-from tests.learner.lights_world import LightsWorld, turn_off_oracle
-
-
-@pytest.fixture
-def lights_world():
-    registry.worlds.cache_clear()
-    registry.worlds()["lights"] = LightsWorld()
-    yield registry.worlds()["lights"]
-    registry.worlds.cache_clear()
-
-
-def warm_started_model(tiny_model_dir, world, steps=150):
-    """Supervised on expert turns, half of them the wrong action: the policy starts near 50/50."""
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
-    tasks = world_tasks(world, "train")
-    wrong = [
-        dataclasses.replace(
-            t,
-            expert=lambda: [ToolCall("lights", "turn_off", {})],
-        )
-        for t in tasks
-    ]
-    demos = expert_rollouts(tok, tasks + wrong, Limits(max_turns=1))
-    losses = supervised_steps(model, demos, tok.eos_token_id, steps=steps, lr=1e-2, batch_size=4)
-    assert losses[-1] < losses[0] / 4  # it learnt the two answers
-    return model, tok
+from tests.learner.lights_world import turn_off_oracle
 
 
 @pytest.mark.timeout(300)
-def test_loop_raises_the_success_rate(sqlite_db, lights_world, tiny_model_dir, configure_env):
-    configure_env(MODEL=tiny_model_dir, MAX_BATCH_SIZE=36)
-    base, tok = warm_started_model(tiny_model_dir, lights_world, steps=150)
+def test_loop_raises_the_success_rate(sqlite_db, lights_world, lights_model_dir, configure_env):
+    configure_env(MODEL=str(lights_model_dir), MAX_BATCH_SIZE=36)
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_pretrained(lights_model_dir)
+    tok = AutoTokenizer.from_pretrained(lights_model_dir)
     config = LoopConfig(
         world="lights",
         splits=("train",),

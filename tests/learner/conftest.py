@@ -1,0 +1,72 @@
+"""Learner fixtures: the toy lights world (in this process, or installed as a plugin for child
+processes) and a tiny model warm-started on it."""
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import pytest
+
+from agentloop.apps import registry
+from tests.learner.lights_world import LightsWorld
+
+WARM_START_STEPS = 150
+
+
+@pytest.fixture
+def lights_world():
+    registry.worlds.cache_clear()
+    registry.worlds()["lights"] = LightsWorld()
+    yield registry.worlds()["lights"]
+    registry.worlds.cache_clear()
+
+
+@pytest.fixture
+def lights_plugin(tmp_path, monkeypatch):
+    """The lights world as an installed `agentloop.worlds` plugin: visible to child processes too."""
+    site = tmp_path / "site"
+    dist = site / "lights_world-0.1.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: lights-world\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[agentloop.worlds]\nlights = tests.learner.lights_world:LightsWorld\n")
+    root = Path(__file__).resolve().parents[2]
+    monkeypatch.setenv("PYTHONPATH", f"{site}:{root}")
+    monkeypatch.setattr(sys, "path", [str(site), *sys.path])
+    registry.worlds.cache_clear()
+    yield site
+    registry.worlds.cache_clear()
+
+
+def warm_start(tiny_model_dir, world, steps=WARM_START_STEPS):
+    """Supervised on expert turns, half of them the wrong action (turn the lights off): the policy
+    starts out taking either, and LOOP must find which one is rewarded."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from agentloop.agent.episode import Limits
+    from agentloop.agent.eval_runs import world_tasks
+    from agentloop.apps.tasks import ToolCall
+    from agentloop.learner.sft import expert_rollouts, supervised_steps
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tasks = world_tasks(world, "train")
+    wrong = [dataclasses.replace(t, expert=lambda: [ToolCall("lights", "turn_off", {})]) for t in tasks]
+    demos = expert_rollouts(tok, tasks + wrong, Limits(max_turns=1))
+    losses = supervised_steps(model, demos, tok.eos_token_id, steps=steps, lr=1e-2, batch_size=4)
+    assert losses[-1] < losses[0] / 4  # it learnt the two answers
+    return model, tok
+
+
+@pytest.fixture(scope="session")
+def lights_model_dir(model_cache, tiny_model_dir):
+    """The warm-started tiny model saved as a model directory (built once, cached between runs)."""
+    path = model_cache / f"lights-warm-v1-{WARM_START_STEPS}"
+    if not (path / "config.json").exists():
+        model, tok = warm_start(tiny_model_dir, LightsWorld())
+        tmp = path.with_name(path.name + ".tmp")
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        tmp.rename(path)
+    return path
