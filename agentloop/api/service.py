@@ -382,7 +382,7 @@ def activate_adapter(session: Session, principal: Principal, name: str) -> Adapt
     principal.require_admin()
     row = adapter_store.get_adapter(session, name)
     if row is None:
-        raise NotFound(f"no adapter {name!r}; list them with GET /v1/admin/adapters")
+        raise NotFound(f"no adapter {name!r}; list them with GET /v1/admin/adapters (gRPC: AdminService.ListAdapters)")
     if row.status == "active":
         return row
     try:
