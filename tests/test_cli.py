@@ -4,6 +4,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 
 import grpc
 import httpx
@@ -138,21 +139,44 @@ def test_migrate_command(tmp_path, configure_env):
     assert result.returncode == 0 and "database at head" in result.stdout
 
 
-def test_grpc_command_serves_alone_and_stops_gracefully(processes, isolated_home, configure_env):
+def test_grpc_command_serves_alone_drains_on_sigterm_and_stops_on_a_second(processes, isolated_home, configure_env):
+    import threading
+
     from agentloop.proto_gen.agentloop.v1 import agent_pb2, agent_pb2_grpc
 
-    configure_env(EMBEDDED_WORKER="false")
+    configure_env(EMBEDDED_WORKER="false", SHUTDOWN_GRACE_S=60)
     port = free_port()
     proc = processes.start("grpc", "--port", str(port), name="grpc")
     wait_for(lambda: grpc_health(port) == health_pb2.HealthCheckResponse.SERVING, 120, "gRPC to start", processes.logs)
     key = (isolated_home / "admin.key").read_text().strip()  # created on first start, as serve does
+    auth = (("authorization", f"Bearer {key}"),)
     with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
         stub = agent_pb2_grpc.AgentServiceStub(channel)
         request = agent_pb2.SubmitTaskRequest(task_ref="wallet_balance-1")
-        submitted = stub.SubmitTask(request, metadata=(("authorization", f"Bearer {key}"),), timeout=30)
-    assert submitted.task.status == agent_pb2.TASK_STATUS_QUEUED
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=30) == 0, processes.logs()
+        task = stub.SubmitTask(request, metadata=auth, timeout=30).task
+        assert task.status == agent_pb2.TASK_STATUS_QUEUED
+        stream = stub.StreamSteps(agent_pb2.StreamStepsRequest(task_id=task.id), metadata=auth)
+        ended: list[grpc.StatusCode] = []
+
+        def read() -> None:
+            try:
+                for _ in stream:
+                    pass
+            except grpc.RpcError as exc:
+                ended.append(exc.code())
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)  # the stream of the queued task is still open: the server drains
+        time.sleep(1.5)
+        assert proc.poll() is None and reader.is_alive()
+        start = time.monotonic()
+        proc.send_signal(signal.SIGTERM)  # the second signal: no more grace
+        assert proc.wait(timeout=20) == 0, processes.logs()
+        assert time.monotonic() - start < 10
+        reader.join(10)
+    assert ended == [grpc.StatusCode.UNAVAILABLE]  # cut by the second signal: the client resumes elsewhere
     assert "gRPC server on 127.0.0.1:" in processes.logs() and "stopped" in processes.logs()
 
 

@@ -37,15 +37,21 @@ async def serve(settings: Settings, host: str, port: int | None, grpc_port: int 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     rest: RestServer | None = None
+    rpc: GrpcServer | None = None
+    forced: list[asyncio.Task[None]] = []
 
     def on_signal() -> None:
-        if stop.is_set() and rest is not None:  # a second signal: no more grace
-            rest.force_exit = True
+        if stop.is_set():  # a second signal: no more grace
+            if rest is not None:
+                rest.force_exit = True
+            if rpc is not None:
+                forced.append(loop.create_task(rpc.server.stop(0)))
         stop.set()
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal)
-    rpc: GrpcServer | None = await start_server(settings, host, grpc_port) if grpc_port else None
+    if grpc_port:
+        rpc = await start_server(settings, host, grpc_port)
     waiting: list[asyncio.Task[Any]] = [asyncio.create_task(stop.wait())]
     if port:
         rest = RestServer(
