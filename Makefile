@@ -45,6 +45,7 @@ proto: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/episode_overhead.py --quick
+	$(BIN)/python bench/stream_latency.py --quick
 
 clean:
 	rm -rf $(VENV) .agentloop .pytest_cache

@@ -327,7 +327,8 @@ announces each as the worker does. Latency = client receive time - commit time, 
 
 Target: p99 < 50 ms on loopback with Redis notices. Without Redis a reader looks at the database
 every `AGENTLOOP_EVENTS_POLL_INTERVAL_S`, so a step waits half a poll period on average and up to a
-whole one.
+whole one, plus the read. Both transports share the waiting loop (`agentloop/api/streams.py`); what
+differs is the framing (SSE text over HTTP/1.1, protobuf over HTTP/2).
 """,
         )
     emit(result)
