@@ -31,16 +31,21 @@ test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow"
 
 lint: $(STAMP)
-	$(BIN)/ruff check agentloop tests bench migrations
-	$(BIN)/ruff format --check agentloop tests bench
+	$(BIN)/ruff check agentloop tests bench migrations scripts
+	$(BIN)/ruff format --check agentloop tests bench scripts
 	$(BIN)/mypy agentloop
 
 format: $(STAMP)
-	$(BIN)/ruff format agentloop tests bench
-	$(BIN)/ruff check --fix agentloop tests bench
+	$(BIN)/ruff format agentloop tests bench scripts
+	$(BIN)/ruff check --fix agentloop tests bench scripts
+
+# regenerate agentloop/proto_gen from proto/ (a test fails when they differ)
+proto: $(STAMP)
+	$(BIN)/python scripts/gen_proto.py
 
 bench: $(STAMP)
 	$(BIN)/python bench/episode_overhead.py --quick
+	$(BIN)/python bench/stream_latency.py --quick
 
 clean:
 	rm -rf $(VENV) .agentloop .pytest_cache

@@ -1,6 +1,7 @@
 """The `agentloop` command.
 
-agentloop serve [--host H] [--port P]                  REST API; with the embedded broker also a worker
+agentloop serve [--host H] [--port P] [--grpc-port G]  REST and gRPC APIs; with the embedded broker also a worker
+agentloop grpc [--host H] [--port G]                   the gRPC API alone
 agentloop worker [--queues ...] [--pool ...]           a Celery worker
 agentloop beat                                         the Celery beat scheduler (lease sweeps)
 agentloop migrate                                      upgrade the database schema
@@ -66,26 +67,58 @@ def _bootstrap_key(settings: Settings) -> Path | None:
     return path
 
 
-@app.command()
-def serve(
-    host: str = typer.Option(None, help="Bind address (default AGENTLOOP_HOST)."),
-    port: int = typer.Option(None, help="REST port (default AGENTLOOP_PORT)."),
-) -> None:
-    """Run the API. With the embedded broker it also starts a worker (with beat) as a child process."""
-    import uvicorn
-
-    from agentloop.api.app import create_app
-
-    settings = _setup()
-    host, port = host or settings.host, port or settings.port
+def _prepare_api(settings: Settings) -> Path | None:
+    """Before an API process listens: migrate the embedded database, create the first admin key
+    (returns its file, if created), start the embedded worker."""
     _migrate_if_embedded(settings)
     key_file = _bootstrap_key(settings)
     if settings.run_embedded_worker:
         _start_embedded_worker(settings)
+    return key_file
+
+
+@app.command()
+def serve(
+    host: str = typer.Option(None, help="Bind address (default AGENTLOOP_HOST)."),
+    port: int = typer.Option(None, help="REST port (default AGENTLOOP_PORT)."),
+    grpc_port: int = typer.Option(None, help="gRPC port (default AGENTLOOP_GRPC_PORT); 0 or negative: REST only."),
+) -> None:
+    """Run the API: REST and gRPC. With the embedded broker it also starts a worker (with beat) as a child process."""
+    import asyncio
+
+    from agentloop.api.serving import serve as serve_api
+
+    settings = _setup()
+    host, port = host or settings.host, port or settings.port
+    grpc_port = settings.grpc_port if grpc_port is None else grpc_port
+    key_file = _prepare_api(settings)
     typer.echo(f"agentloop serving on http://{host}:{port}  (API docs: http://{host}:{port}/docs)")
+    if grpc_port > 0:
+        typer.echo(f"gRPC on {host}:{grpc_port}  (agentloop.v1.AgentService, AdminService; reflection on)")
     if key_file:
         typer.echo(f"created an admin API key for tenant 'default' in {key_file}")
-    uvicorn.run(create_app(settings), host=host, port=port, log_level=settings.log_level.lower())
+    asyncio.run(serve_api(settings, host, port, grpc_port if grpc_port > 0 else None))
+
+
+@app.command("grpc")
+def grpc_command(
+    host: str = typer.Option(None, help="Bind address (default AGENTLOOP_HOST)."),
+    port: int = typer.Option(None, help="gRPC port (default AGENTLOOP_GRPC_PORT)."),
+) -> None:
+    """Run the gRPC API alone (no REST). With the embedded broker it also starts a worker, as serve does."""
+    import asyncio
+
+    from agentloop.api.serving import serve as serve_api
+
+    settings = _setup()
+    host, port = host or settings.host, settings.grpc_port if port is None else port
+    if port <= 0:
+        raise typer.BadParameter("the gRPC port must be positive", param_hint="--port / AGENTLOOP_GRPC_PORT")
+    key_file = _prepare_api(settings)
+    typer.echo(f"agentloop gRPC on {host}:{port}  (agentloop.v1.AgentService, AdminService; reflection on)")
+    if key_file:
+        typer.echo(f"created an admin API key for tenant 'default' in {key_file}")
+    asyncio.run(serve_api(settings, host, None, port))
 
 
 def _start_embedded_worker(settings: Settings) -> subprocess.Popen[bytes]:

@@ -80,9 +80,19 @@ class Settings(BaseSettings):
     agent_temperature: float = Field(0.7, description="Sampling temperature of served episodes.")
 
     # --- api ---------------------------------------------------------------------------------
-    host: str = Field("127.0.0.1", description="REST bind address of `agentloop serve`.")
+    host: str = Field(
+        "127.0.0.1", description="Bind address of `agentloop serve` (REST and gRPC) and `agentloop grpc`."
+    )
     port: int = Field(8000, description="REST port.")
-    max_body_bytes: int = Field(1_048_576, description="Larger request bodies get 413.")
+    grpc_port: int = Field(
+        50051, description="gRPC port of `agentloop serve` and `agentloop grpc`; 0 or negative: `serve` runs REST only."
+    )
+    max_body_bytes: int = Field(
+        1_048_576, description="Larger request bodies get 413 (gRPC: larger messages get RESOURCE_EXHAUSTED)."
+    )
+    shutdown_grace_s: float = Field(
+        10.0, description="On SIGTERM/SIGINT, running requests and streams (REST and gRPC) get this long to finish."
+    )
 
     @model_validator(mode="after")
     def _check(self) -> Settings:

@@ -1,11 +1,15 @@
 """The commands a user runs: `agentloop serve` in embedded mode (what `make run` starts), keys, migrate."""
 
+import signal
 import socket
 import subprocess
 import sys
+import time
 
+import grpc
 import httpx
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tests.processes import wait_for
 
@@ -22,8 +26,17 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "agentloop.cli", *args], capture_output=True, text=True, timeout=120)
 
 
-def start_serve(processes, port: int) -> str:
-    processes.start("serve", "--port", str(port), name="serve")
+def grpc_health(port: int, service: str = "") -> int | None:
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        try:
+            request = health_pb2.HealthCheckRequest(service=service)
+            return health_pb2_grpc.HealthStub(channel).Check(request, timeout=1).status
+        except grpc.RpcError:
+            return None
+
+
+def start_serve(processes, port: int, grpc_port: int | None = None) -> str:
+    processes.start("serve", "--port", str(port), "--grpc-port", str(grpc_port or free_port()), name="serve")
     base = f"http://127.0.0.1:{port}"
 
     def up():
@@ -36,8 +49,8 @@ def start_serve(processes, port: int) -> str:
     return base
 
 
-def serve_and_run_one_task(processes, isolated_home, port: int, timeout: float) -> dict:
-    base = start_serve(processes, port)
+def serve_and_run_one_task(processes, isolated_home, port: int, timeout: float, grpc_port: int | None = None) -> dict:
+    base = start_serve(processes, port, grpc_port)
     key = (isolated_home / "admin.key").read_text().strip()
     auth = {"Authorization": f"Bearer {key}"}
     task = httpx.post(f"{base}/v1/tasks", json=REQUEST, headers=auth).json()
@@ -54,8 +67,10 @@ def serve_and_run_one_task(processes, isolated_home, port: int, timeout: float) 
 def test_embedded_serve_runs_a_task_end_to_end(processes, isolated_home, tiny_model_dir, configure_env):
     """`make run` with no services: SQLite, the serverless broker and a worker started by serve."""
     configure_env(MODEL=tiny_model_dir, AGENT_MAX_NEW_TOKENS=16)
-    out = serve_and_run_one_task(processes, isolated_home, free_port(), timeout=120)
+    grpc_port = free_port()
+    out = serve_and_run_one_task(processes, isolated_home, free_port(), timeout=120, grpc_port=grpc_port)
     assert out["ready"]["status"] == "ready"
+    assert grpc_health(grpc_port, "agentloop.v1.AgentService") == health_pb2.HealthCheckResponse.SERVING
     assert out["task"]["status"] == "finished", out["task"]
     assert out["task"]["reward"] is not None
     assert len(out["steps"]["items"]) == 2
@@ -122,3 +137,49 @@ def test_migrate_command(tmp_path, configure_env):
     configure_env(DATABASE_URL=f"sqlite:///{tmp_path / 'x.db'}")
     result = run_cli("migrate")
     assert result.returncode == 0 and "database at head" in result.stdout
+
+
+def test_grpc_command_serves_alone_drains_on_sigterm_and_stops_on_a_second(processes, isolated_home, configure_env):
+    import threading
+
+    from agentloop.proto_gen.agentloop.v1 import agent_pb2, agent_pb2_grpc
+
+    configure_env(EMBEDDED_WORKER="false", SHUTDOWN_GRACE_S=60)
+    port = free_port()
+    proc = processes.start("grpc", "--port", str(port), name="grpc")
+    wait_for(lambda: grpc_health(port) == health_pb2.HealthCheckResponse.SERVING, 120, "gRPC to start", processes.logs)
+    key = (isolated_home / "admin.key").read_text().strip()  # created on first start, as serve does
+    auth = (("authorization", f"Bearer {key}"),)
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = agent_pb2_grpc.AgentServiceStub(channel)
+        request = agent_pb2.SubmitTaskRequest(task_ref="wallet_balance-1")
+        task = stub.SubmitTask(request, metadata=auth, timeout=30).task
+        assert task.status == agent_pb2.TASK_STATUS_QUEUED
+        stream = stub.StreamSteps(agent_pb2.StreamStepsRequest(task_id=task.id), metadata=auth)
+        ended: list[grpc.StatusCode] = []
+
+        def read() -> None:
+            try:
+                for _ in stream:
+                    pass
+            except grpc.RpcError as exc:
+                ended.append(exc.code())
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)  # the stream of the queued task is still open: the server drains
+        time.sleep(1.5)
+        assert proc.poll() is None and reader.is_alive()
+        start = time.monotonic()
+        proc.send_signal(signal.SIGTERM)  # the second signal: no more grace
+        assert proc.wait(timeout=20) == 0, processes.logs()
+        assert time.monotonic() - start < 10
+        reader.join(10)
+    assert ended == [grpc.StatusCode.UNAVAILABLE]  # cut by the second signal: the client resumes elsewhere
+    assert "gRPC server on 127.0.0.1:" in processes.logs() and "stopped" in processes.logs()
+
+
+def test_the_grpc_command_refuses_a_port_that_is_not_positive():
+    result = run_cli("grpc", "--port", "0")
+    assert result.returncode == 2 and "the gRPC port must be" in result.stderr

@@ -60,10 +60,12 @@ def create_key(session: Session, tenant_name: str, role: str, name: str = "") ->
 
 def authenticate(session: Session, authorization: str | None) -> Principal:
     if not authorization:
-        raise Unauthenticated("missing API key: send the header 'Authorization: Bearer <key>'")
+        raise Unauthenticated(
+            "missing API key: send 'Authorization: Bearer <key>' (an HTTP header; gRPC metadata `authorization`)"
+        )
     scheme, _, key = authorization.partition(" ")
     if scheme.lower() != "bearer" or not key.strip():
-        raise Unauthenticated("malformed Authorization header: expected 'Bearer <key>'")
+        raise Unauthenticated("malformed Authorization: expected 'Bearer <key>'")
     row = session.execute(
         sa.select(ApiKey, Tenant.name)
         .join(Tenant, Tenant.id == ApiKey.tenant_id)

@@ -1,12 +1,16 @@
-"""Errors a caller can act on. Service functions raise these; REST and gRPC map them to codes."""
+"""Errors a caller can act on. Service functions raise these; REST and gRPC map them to codes
+(`http_status`, and `grpc_status`: the name of a `grpc.StatusCode`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from pydantic import ValidationError
+
 
 class ServiceError(Exception):
     http_status = 400
+    grpc_status = "INVALID_ARGUMENT"
     code = "bad_request"
 
     def __init__(self, message: str, details: Any = None) -> None:
@@ -23,40 +27,62 @@ class ServiceError(Exception):
 
 class InvalidRequest(ServiceError):
     http_status = 422
+    grpc_status = "INVALID_ARGUMENT"
     code = "invalid_request"
+
+    @classmethod
+    def from_validation(cls, exc: ValidationError) -> InvalidRequest:
+        """One message naming each bad field, as REST words a rejected body."""
+        details = [{"loc": [str(p) for p in e["loc"]], "message": e["msg"], "type": e["type"]} for e in exc.errors()]
+        message = "; ".join(f"{'.'.join(d['loc']) or 'request'}: {d['message']}" for d in details)
+        return cls(message, details)
 
 
 class Unauthenticated(ServiceError):
     http_status = 401
+    grpc_status = "UNAUTHENTICATED"
     code = "unauthenticated"
 
 
 class PermissionDenied(ServiceError):
     http_status = 403
+    grpc_status = "PERMISSION_DENIED"
     code = "permission_denied"
 
 
 class NotFound(ServiceError):
     http_status = 404
+    grpc_status = "NOT_FOUND"
     code = "not_found"
 
 
 class Conflict(ServiceError):
+    # the object's state forbids the request (cancel a task that ended, activate a changed adapter)
     http_status = 409
+    grpc_status = "FAILED_PRECONDITION"
     code = "conflict"
 
 
 class IdempotencyKeyReused(ServiceError):
     # draft-ietf-httpapi-idempotency-key-header: same key, different payload -> 422
     http_status = 422
+    grpc_status = "ALREADY_EXISTS"
     code = "idempotency_key_reused"
 
 
 class TooLarge(ServiceError):
     http_status = 413
+    grpc_status = "RESOURCE_EXHAUSTED"
     code = "payload_too_large"
 
 
 class Unavailable(ServiceError):
     http_status = 503
+    grpc_status = "UNAVAILABLE"
     code = "unavailable"
+
+
+class DeadlineExceeded(ServiceError):
+    http_status = 504
+    grpc_status = "DEADLINE_EXCEEDED"
+    code = "deadline_exceeded"

@@ -52,7 +52,18 @@ from agentloop.store import adapters as adapter_store
 from agentloop.store import apps as app_store
 from agentloop.store import episodes as episode_store
 from agentloop.store import tasks as task_store
-from agentloop.store.models import Adapter, App, Episode, Reward, Step, Task, TaskStatus, TrainingRun, utcnow
+from agentloop.store.models import (
+    Adapter,
+    App,
+    Episode,
+    Reward,
+    Step,
+    Task,
+    TaskStatus,
+    TrainingRun,
+    TrainingRunStatus,
+    utcnow,
+)
 from agentloop.store.secrets import encrypt
 
 MAX_PAGE = 100
@@ -337,7 +348,11 @@ def start_training(session: Session, principal: Principal, body: TrainCreate, tr
     except (TypeError, ValueError) as exc:
         raise InvalidRequest(str(exc)) from None
     run = TrainingRun(
-        algo=body.algo, status="queued", trigger=trigger, config=config.to_dict(), progress={"phase": "queued"}
+        algo=body.algo,
+        status=TrainingRunStatus.QUEUED,
+        trigger=trigger,
+        config=config.to_dict(),
+        progress={"phase": "queued"},
     )
     session.add(run)
     session.flush()
@@ -367,7 +382,7 @@ def activate_adapter(session: Session, principal: Principal, name: str) -> Adapt
     principal.require_admin()
     row = adapter_store.get_adapter(session, name)
     if row is None:
-        raise NotFound(f"no adapter {name!r}; list them with GET /v1/admin/adapters")
+        raise NotFound(f"no adapter {name!r}; list them with GET /v1/admin/adapters (gRPC: AdminService.ListAdapters)")
     if row.status == "active":
         return row
     try:

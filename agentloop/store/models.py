@@ -65,6 +65,16 @@ class TaskStatus:
     ALL = (QUEUED, RUNNING, FINISHED, FAILED, CANCELLED)
 
 
+class TrainingRunStatus:
+    QUEUED = "queued"
+    RUNNING = "running"
+    FINISHED = "finished"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    TERMINAL = (FINISHED, FAILED, CANCELLED)
+    ALL = (QUEUED, RUNNING, FINISHED, FAILED, CANCELLED)
+
+
 class Tenant(Base):
     __tablename__ = "tenants"
     id: Mapped[str] = mapped_column(sa.String(36), primary_key=True, default=new_id)
@@ -141,7 +151,7 @@ class TrainingRun(Base):
     __tablename__ = "training_runs"
     id: Mapped[str] = mapped_column(sa.String(36), primary_key=True, default=new_id)
     algo: Mapped[str] = mapped_column(sa.String(32))
-    status: Mapped[str] = mapped_column(sa.String(16), default="queued")
+    status: Mapped[str] = mapped_column(sa.String(16), default=TrainingRunStatus.QUEUED)
     trigger: Mapped[str] = mapped_column(sa.String(32), default="admin")
     config: Mapped[dict[str, Any]]
     progress: Mapped[dict[str, Any]] = mapped_column(default=dict)

@@ -11,7 +11,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 
 from agentloop import events
-from agentloop.api import service
+from agentloop.api import service, streams
 from agentloop.api.deps import CurrentPrincipal, SessionDep
 from agentloop.api.errors import InvalidRequest
 from agentloop.api.schemas import (
@@ -24,9 +24,6 @@ from agentloop.api.schemas import (
     TaskPublic,
 )
 from agentloop.settings import get_settings
-from agentloop.store import episodes as episode_store
-from agentloop.store.db import get_sessionmaker
-from agentloop.store.models import TaskStatus
 from agentloop.worker.dispatch import publish_episode
 
 router = APIRouter(prefix="/v1/tasks", tags=["tasks"])
@@ -151,46 +148,24 @@ async def task_events(
     """Server-sent events: `step` for each step as it is stored, `attempt` when a retry starts, and
     `result` (the task) at the end. Reconnect with Last-Event-ID to resume with no gap."""
     attempt, index = parse_resume(last_event_id or after)
-    await run_in_threadpool(_check_access, principal, task_id)
-    poll = get_settings().events_poll_interval_s
+    await run_in_threadpool(streams.check_task_access, principal, task_id)
 
     async def stream() -> AsyncIterator[str]:
-        nonlocal attempt, index
-        async with events.Waiter(events.task_channel(task_id)) as waiter:
-            while True:
-                chunks, task, finished = await run_in_threadpool(_read_progress, principal, task_id, attempt, index)
-                for kind, data, new_attempt, new_index in chunks:
-                    attempt, index = new_attempt, new_index
-                    yield _sse(kind, data, f"{attempt}.{index}")
-                if finished:
-                    yield _sse("result", task)
-                    return
-                if await request.is_disconnected():
-                    return
-                await waiter.wait(1.0 if waiter.subscribed else poll)
+        position = streams.Position(attempt, index)
+        async for event in streams.follow_task(principal, task_id, position, stopped=request.is_disconnected):
+            yield _sse_event(event)
 
     return StreamingResponse(
         stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     )
 
 
-def _check_access(principal: Any, task_id: str) -> None:
-    with get_sessionmaker()() as session:
-        service.get_task(session, principal, task_id)
-
-
-def _read_progress(principal: Any, task_id: str, attempt: int, index: int) -> tuple[list[Any], Any, bool]:
-    """Events after (attempt, index), the task, and whether the stream is over. The task's status is
-    read before its steps: a task seen finished has all its steps committed already."""
-    with get_sessionmaker()() as session:
-        task = service.get_task(session, principal, task_id)
-        finished = task.status in TaskStatus.TERMINAL
-        episode = episode_store.latest_episode(session, task_id)
-        chunks: list[Any] = []
-        if episode is not None:
-            if episode.attempt > attempt:
-                attempt, index = episode.attempt, -1
-                chunks.append(("attempt", {"attempt": attempt}, attempt, index))
-            for step in episode_store.steps_of(session, episode.id, index):
-                chunks.append(("step", service.step_public(step, attempt).model_dump(mode="json"), attempt, step.index))
-        return chunks, service.task_public(task).model_dump(mode="json"), finished
+def _sse_event(event: streams.TaskEvent) -> str:
+    at = event.position
+    if event.kind == "step":
+        assert event.step is not None
+        return _sse("step", event.step.model_dump(mode="json"), f"{at.attempt}.{at.index}")
+    if event.kind == "attempt":
+        return _sse("attempt", {"attempt": at.attempt}, f"{at.attempt}.{at.index}")
+    assert event.task is not None
+    return _sse("result", event.task.model_dump(mode="json"))

@@ -1,0 +1,1 @@
+"""The gRPC API (proto/agentloop/v1/agent.proto): servicers over the same service functions as REST."""

@@ -1,0 +1,74 @@
+"""agentloop.v1.AdminService (admin keys only): what /v1/admin does, with the same service functions."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+
+from agentloop.api import service, streams
+from agentloop.api.auth import Principal
+from agentloop.api.grpc import messages
+from agentloop.api.grpc.calls import Context, admin, blocking, deadline, translates_errors
+from agentloop.api.schemas import AdapterPublic, TrainCreate, TrainingRunPublic
+from agentloop.learner import adapters
+from agentloop.proto_gen.agentloop.v1 import agent_pb2 as pb
+from agentloop.proto_gen.agentloop.v1 import agent_pb2_grpc
+from agentloop.store.db import get_sessionmaker
+from agentloop.worker.dispatch import publish_training
+
+# --- blocking halves (run in a thread) ----------------------------------------------------------------
+
+
+def start_training(caller: Principal, body: TrainCreate) -> TrainingRunPublic:
+    with get_sessionmaker()() as session:
+        run = service.start_training(session, caller, body)
+        session.commit()
+    publish_training(run.id)
+    return service.training_run_public(run)
+
+
+def list_adapters(caller: Principal, base_model: str | None) -> Sequence[AdapterPublic]:
+    with get_sessionmaker()() as session:
+        return [service.adapter_public(a) for a in service.list_adapters(session, caller, base_model)]
+
+
+def activate_adapter(caller: Principal, name: str) -> AdapterPublic:
+    with get_sessionmaker()() as session:
+        row = service.activate_adapter(session, caller, name)
+        session.commit()
+    adapters.announce(row)
+    return service.adapter_public(row)
+
+
+# --- the service ------------------------------------------------------------------------------------
+
+
+class AdminService(agent_pb2_grpc.AdminServiceServicer):
+    @translates_errors
+    async def Train(self, request: pb.TrainRequest, context: Context) -> pb.TrainingRun:
+        caller = await admin(context)
+        body = messages.train_create(request)
+        return messages.training_run(await blocking(context, start_training, caller, body))
+
+    @translates_errors
+    async def GetTrainingRun(self, request: pb.GetTrainingRunRequest, context: Context) -> pb.TrainingRun:
+        caller = await admin(context)
+        return messages.training_run(await blocking(context, streams.read_training_run, caller, request.run_id))
+
+    @translates_errors
+    async def StreamTrainingProgress(
+        self, request: pb.StreamTrainingProgressRequest, context: Context
+    ) -> AsyncIterator[pb.TrainingRun]:
+        caller = await admin(context)
+        async for run in streams.follow_training_run(caller, request.run_id, deadline=deadline(context)):
+            yield messages.training_run(run)
+
+    @translates_errors
+    async def ListAdapters(self, request: pb.ListAdaptersRequest, context: Context) -> pb.ListAdaptersResponse:
+        caller = await admin(context)
+        rows = await blocking(context, list_adapters, caller, request.base_model or None)
+        return pb.ListAdaptersResponse(adapters=[messages.adapter(a) for a in rows])
+
+    @translates_errors
+    async def ActivateAdapter(self, request: pb.ActivateAdapterRequest, context: Context) -> pb.Adapter:
+        caller = await admin(context)
+        return messages.adapter(await blocking(context, activate_adapter, caller, request.name))
