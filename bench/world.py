@@ -69,11 +69,15 @@ def main() -> None:
         cmd = "python bench/world.py" + (" --quick" if args.quick else "")
         rows = "\n".join(
             f"| {name} | {result[key]['mean_ms']} | {result[key]['p95_ms']} | {result[key]['max_ms']} |"
-            for name, key in [(f"build a world from its seed ({len(build)} seeds, uncached)", "world_build"),
-                              (f"load a task's initial state ({len(tasks)} tasks)", "task_load"),
-                              (f"evaluate a finished episode ({len(tasks)} tasks, oracle runs)", "evaluate")]
+            for name, key in [
+                (f"build a world from its seed ({len(build)} seeds, uncached)", "world_build"),
+                (f"load a task's initial state ({len(tasks)} tasks)", "task_load"),
+                (f"evaluate a finished episode ({len(tasks)} tasks, oracle runs)", "evaluate"),
+            ]
         )
-        write_section("world", f"""
+        write_section(
+            "world",
+            f"""
 ## Built-in world speed (`bench/world.py`)
 
 `{cmd}` on {machine()}. Targets: a world loads in < 500 ms, a task evaluates in < 50 ms.
@@ -81,7 +85,8 @@ def main() -> None:
 | step | mean ms | p95 ms | max ms |
 |---|---|---|---|
 {rows}
-""")
+""",
+        )
     emit(result)
 
 

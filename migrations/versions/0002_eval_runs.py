@@ -11,7 +11,6 @@ from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
-
 from sqlalchemy.dialects import postgresql
 
 revision: str = '0002'
