@@ -32,25 +32,25 @@ def world_tasks(provider: WorldProvider, split: str | None, limit: int | None = 
         raise ValueError(f"world {provider.name!r} has no tasks in split {split!r}; its splits: {', '.join(known)}")
     if limit is not None:
         specs = specs[:limit]
+    return [eval_task(provider, spec) for spec in specs]
 
-    def start(spec: TaskSpec) -> tuple[World, Any]:
+
+def eval_task(provider: WorldProvider, spec: TaskSpec) -> EvalTask:
+    def start() -> tuple[World, Any]:
         return provider.task_world(spec.id), spec.evaluator
 
-    def expert(spec: TaskSpec) -> list[ToolCall]:
+    def expert() -> list[ToolCall]:
         return run_oracle(spec, provider.task_world(spec.id)).actions
 
-    return [
-        EvalTask(
-            task_ref=spec.id,
-            scenario=spec.scenario_id,
-            split=spec.split,
-            difficulty=spec.difficulty,
-            instruction=spec.instruction,
-            start=partial(start, spec),
-            expert=partial(expert, spec),
-        )
-        for spec in specs
-    ]
+    return EvalTask(
+        task_ref=spec.id,
+        scenario=spec.scenario_id,
+        split=spec.split,
+        difficulty=spec.difficulty,
+        instruction=spec.instruction,
+        start=start,
+        expert=expert,
+    )
 
 
 def external_tasks(app: ExternalApp, base_world: Callable[[], World], task_refs: list[str] | None) -> list[EvalTask]:

@@ -19,7 +19,11 @@ class LoopConfig:
     rollouts_per_task: int = field(default=6, metadata={"help": "K: rollouts per task, same initial state"})
     splits: tuple[str, ...] = field(default=("train",), metadata={"help": "built-in splits to sample tasks from"})
     world: str = field(default="builtin", metadata={"help": "world whose tasks are sampled"})
-    replay_logged: bool = field(default=True, metadata={"help": "also sample replayable tasks clients sent"})
+    replay_logged: bool = field(default=True, metadata={"help": "also train on episodes clients ran"})
+    logged_per_iteration: int = field(default=40, metadata={"help": "most logged episodes used per iteration"})
+    feedback_baseline_min: int = field(
+        default=3, metadata={"help": "comparable episodes needed before a non-replayable one gets an advantage"}
+    )
     temperature: float = field(default=1.0, metadata={"help": "sampling temperature of rollouts"})
     max_turns: int = field(default=40, metadata={"help": "turn limit of a rollout (paper: 40 in training)"})
     max_new_tokens: int = field(default=1500, metadata={"help": "new tokens per turn"})

@@ -22,7 +22,7 @@ import random
 import shutil
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -38,6 +38,7 @@ from agentloop.agent.evaluate import EvalTask, run_eval, summarize
 from agentloop.apps.registry import get_world
 from agentloop.learner import adapters, rollouts
 from agentloop.learner.config import LoopConfig
+from agentloop.learner.logged import Logged, feedback_advantages, logged_episodes
 from agentloop.learner.loop import group_normalised_advantages, keep_mask, leave_one_out_advantages, std_normalise
 from agentloop.learner.update import LogprobModel, compute_logprobs, sampler_gap, update
 from agentloop.policy.local import LocalPolicy
@@ -164,6 +165,7 @@ class Trainer:
         self.rng = random.Random(self.config.seed)
         self.baseline_dev_tgc: float | None = None
         self.parent: str | None = None
+        self.logged_used: set[str] = set()
 
     # --- setup
     def setup(self) -> int:
@@ -188,6 +190,7 @@ class Trainer:
             start = int(state["next_iteration"])
             self.rng.setstate(_rng_state(state["rng"]))
             self.parent = state.get("parent", self.parent)
+            self.logged_used = set(state.get("logged_used", []))
             self.baseline_dev_tgc = state.get("baseline_dev_tgc", self.baseline_dev_tgc)
             init_from = str(self.checkpoint.path / "adapter")
             log.info("run %s resumes at iteration %d from %s", self.run_id, start, self.checkpoint.path)
@@ -229,6 +232,26 @@ class Trainer:
         )
 
     # --- phases
+    def logged_episodes(self) -> list[Logged]:
+        """Episodes clients ran since the last finished run, not yet used by this one."""
+        with session_scope() as s:
+            since = s.scalar(
+                sa.select(sa.func.max(TrainingRun.created_at)).where(
+                    TrainingRun.status == "finished",
+                    TrainingRun.id != self.run_id,
+                    TrainingRun.created_at
+                    < s.scalar(sa.select(TrainingRun.created_at).where(TrainingRun.id == self.run_id)),
+                )
+            )
+            return logged_episodes(
+                s,
+                self.world.name,
+                {t.task_ref for t in self.train_tasks},
+                since,
+                self.config.logged_per_iteration,
+                exclude=self.logged_used,
+            )
+
     def dev_tgc(self) -> float:
         tasks = world_tasks(self.world, self.config.dev_split, self.config.dev_limit)
         self.report({"phase": "evaluating", "dev_tasks": len(tasks)})
@@ -238,9 +261,12 @@ class Trainer:
         self.policy.clear_cache()
         return float(summarize(results)["tgc"])
 
-    def collect(self, iteration: int) -> dict[str, list[rollouts.Rollout]]:
+    def collect(self, iteration: int, replay: Sequence[str] = ()) -> dict[str, list[rollouts.Rollout]]:
+        """K rollouts of each sampled train task, and of each replayed task clients ran."""
         c = self.config
         tasks = rollouts.sample_tasks(self.train_tasks, c.tasks_per_iteration, self.rng)
+        by_ref = {t.task_ref: t for t in self.train_tasks}
+        tasks += [by_ref[ref] for ref in replay]
         total = len(tasks) * c.rollouts_per_task
         done = [0]
         self.report({"phase": "rollouts", "iteration": iteration, "rollouts_done": 0, "rollouts_total": total})
@@ -314,15 +340,23 @@ class Trainer:
     def iteration(self, i: int) -> dict[str, Any]:
         c = self.config
         t0 = time.perf_counter()
-        by_task = self.collect(i)
+        logged = self.logged_episodes() if c.replay_logged else []
+        replayed = [item for item in logged if item.replayable]
+        by_task = self.collect(i, [item.rollout.task_ref for item in replayed])
+        for item in replayed:  # the client's episode is one more sample of its task's group
+            by_task.setdefault(item.rollout.task_ref, []).append(item.rollout)
         every = [r for g in by_task.values() for r in g]
         kept = advantages_for(list(by_task.values()), c)
+        kept += [(r, a) for r, a in feedback_advantages(logged, c.feedback_baseline_min) if abs(a) >= c.adv_threshold]
+        self.logged_used |= {item.rollout.episode_id for item in logged if item.rollout.episode_id}
         metrics: dict[str, Any] = {
             "iteration": i,
             "reward/mean": sum(r.reward for r in every) / max(len(every), 1),
             "success/rate": sum(r.success for r in every) / max(len(every), 1),
             "adv/filtered_frac": 1 - len(kept) / max(len(every), 1),
             "rollouts": len(every),
+            "logged/replayed": len(replayed),
+            "logged/feedback_used": sum(1 for item in logged if item.reward_source == "client"),
             "perf/rollout_s": time.perf_counter() - t0,
         }
         if kept:
@@ -412,7 +446,11 @@ class Trainer:
                     i + 1,
                     self.config,
                     self.rng,
-                    {"parent": self.parent, "baseline_dev_tgc": self.baseline_dev_tgc},
+                    {
+                        "parent": self.parent,
+                        "baseline_dev_tgc": self.baseline_dev_tgc,
+                        "logged_used": sorted(self.logged_used),
+                    },
                 )
                 with session_scope() as s:
                     run = s.get(TrainingRun, self.run_id)
