@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -78,6 +78,21 @@ class Settings(BaseSettings):
     agent_max_context_tokens: int = Field(8192, description="Episode stops when the context would exceed this.")
     agent_wall_time_s: float = Field(900.0, description="Wall-clock limit of one episode.")
     agent_temperature: float = Field(0.7, description="Sampling temperature of served episodes.")
+
+    # --- learning schedule (celery beat) ------------------------------------------------------
+    train_every_s: float = Field(0.0, description="Start a training run this often (seconds); 0: not on a period.")
+    train_min_new_episodes: int = Field(
+        0,
+        description="Start a training run once this many new client episodes usable for training (a train-split "
+        "task, or client feedback) exist since the last run; 0: off.",
+    )
+    train_check_interval_s: float = Field(60.0, description="How often beat checks the two triggers above.")
+    train_algo: Literal["loop", "grpo", "reinforce"] = Field("loop", description="Update rule of scheduled runs.")
+    train_iterations: int = Field(1, description="Iterations of a scheduled run.")
+    train_config: dict[str, Any] = Field(
+        default_factory=dict,
+        description='Training options of scheduled runs as JSON, e.g. `{"tasks_per_iteration": 8}`.',
+    )
 
     # --- api ---------------------------------------------------------------------------------
     host: str = Field(

@@ -45,6 +45,7 @@ def configure(app: Celery, settings: Settings) -> None:
         task_routes={
             "agentloop.run_episode": {"queue": "episodes"},
             "agentloop.sweep_leases": {"queue": "maintenance"},
+            "agentloop.maybe_train": {"queue": "maintenance"},
             "agentloop.train": {"queue": "learner"},
             "agentloop.rollout": {"queue": "rollouts"},
         },
@@ -53,7 +54,12 @@ def configure(app: Celery, settings: Settings) -> None:
                 "task": "agentloop.sweep_leases",
                 "schedule": float(settings.sweep_interval_s),
                 "options": {"expires": float(settings.sweep_interval_s)},  # a missed sweep is not worth a backlog
-            }
+            },
+            "maybe-train": {
+                "task": "agentloop.maybe_train",
+                "schedule": float(settings.train_check_interval_s),
+                "options": {"expires": float(settings.train_check_interval_s)},
+            },
         },
         worker_hijack_root_logger=False,
         worker_send_task_events=False,

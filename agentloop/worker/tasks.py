@@ -43,6 +43,13 @@ def sweep_leases() -> dict[str, Any]:
     return sweep(get_settings())
 
 
+@app.task(name="agentloop.maybe_train")
+def maybe_train() -> str | None:
+    from agentloop.learner.schedule import maybe_start_training
+
+    return maybe_start_training(get_settings())
+
+
 @app.task(name="agentloop.train", bind=True, acks_late=True)
 def train(self: CeleryTask, run_id: str) -> str:
     from agentloop.learner.trainer import run_training
