@@ -90,7 +90,7 @@ class Settings(BaseSettings):
     train_algo: Literal["loop", "grpo", "reinforce"] = Field("loop", description="Update rule of scheduled runs.")
     train_iterations: int = Field(1, description="Iterations of a scheduled run.")
     train_config: dict[str, Any] = Field(
-        default_factory=dict,
+        {},
         description='Training options of scheduled runs as JSON, e.g. `{"tasks_per_iteration": 8}`.',
     )
 
