@@ -311,4 +311,5 @@ def run_eval_command(
         )
     console.print(table)
     console.print(f"episodes ended by: {metrics['finish_reasons']}; mean turns {metrics['mean_turns']}")
+    console.print("behaviour: " + ", ".join(f"{k} {v}" for k, v in metrics["behaviour"].items()))
     return {"eval_run": run_id, "world": world_name, "split": split_name, "policy": policy, "k": k, **metrics}

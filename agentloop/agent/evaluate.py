@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from agentloop.agent.behaviour import behaviour
 from agentloop.agent.episode import Episode, Limits, run_episodes
 from agentloop.agent.prompt import ChatFormat
 from agentloop.apps.evaluation import Verdict
@@ -140,4 +141,5 @@ def summarize(results: Sequence[EpisodeResult]) -> dict[str, Any]:
         "finish_reasons": dict(sorted(finish.items())),
         "mean_turns": round(sum(len(r.episode.turns) for r in results) / len(results), 2) if results else 0.0,
         "tokens_generated": sum(r.episode.tokens_generated for r in results),
+        "behaviour": behaviour([r.episode.turns for r in results]),
     }

@@ -252,14 +252,17 @@ class Trainer:
                 exclude=self.logged_used,
             )
 
-    def dev_tgc(self) -> float:
+    def dev_summary(self) -> dict[str, Any]:
         tasks = world_tasks(self.world, self.config.dev_split, self.config.dev_limit)
         self.report({"phase": "evaluating", "dev_tasks": len(tasks)})
         self.model.eval()
         self.policy.clear_cache()
         results = run_eval(self.policy, tasks, 1, self.limits(dev=True), self.settings.max_batch_size)
         self.policy.clear_cache()
-        return float(summarize(results)["tgc"])
+        return summarize(results)
+
+    def dev_tgc(self) -> float:
+        return float(self.dev_summary()["tgc"])
 
     def collect(self, iteration: int, replay: Sequence[str] = ()) -> dict[str, list[rollouts.Rollout]]:
         """K rollouts of each sampled train task, and of each replayed task clients ran."""
@@ -416,20 +419,24 @@ class Trainer:
                 training_run_id=self.run_id,
             )
             name = row.name
-        dev = self.dev_tgc()
+        summary = self.dev_summary()
+        dev = float(summary["tgc"])
         with session_scope() as s:
             candidate = adapter_store.get_adapter(s, name)
             assert candidate is not None
             promoted = adapters.promote_or_reject(
                 s, candidate, dev, self.baseline_dev_tgc, self.config.promotion_tolerance
             )
+            candidate.metrics = {**candidate.metrics, "dev_sgc": summary["sgc"], "behaviour": summary["behaviour"]}
             s.execute(sa.update(TrainingRun).where(TrainingRun.id == self.run_id).values(adapter=name))
         if promoted:
             adapters.announce(candidate)
             self.parent, self.baseline_dev_tgc = name, dev
         return {
             "dev/tgc": dev,
+            "dev/sgc": summary["sgc"],
             "dev/baseline_tgc": self.baseline_dev_tgc,
+            **{f"behaviour/{k}": v for k, v in summary["behaviour"].items()},
             "adapter": name,
             "adapter/promoted": float(promoted),
         }

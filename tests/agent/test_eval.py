@@ -89,6 +89,9 @@ def test_eval_and_world_commands(isolated_home, tiny_model_dir, configure_env):
     summary = json.loads(out.stdout.strip().splitlines()[-1])
     assert summary["tgc"] == 100.0 and summary["episodes"] == 5 and summary["eval_run"]
     assert "TGC" in out.stderr  # the progress bar and the table
+    # the oracle never fails a call, never sends two, never confabulates
+    assert summary["behaviour"]["failed_calls_per_episode"] == 0.0
+    assert summary["behaviour"]["multi_action_turn_rate"] == 0.0 and "behaviour: api_docs_calls" in out.stderr
 
     stats = subprocess.run(
         [sys.executable, "-m", "agentloop.cli", "world", "stats", "--json"], capture_output=True, text=True, timeout=120
