@@ -32,3 +32,13 @@ def test_readme_commands_exist():
     makefile = (Path(__file__).resolve().parents[1] / "Makefile").read_text()
     for target in ("run", "test", "lint", "bench"):
         assert re.search(rf"^{target}:", makefile, flags=re.MULTILINE), target
+
+
+def test_every_training_option_is_documented():
+    import dataclasses
+
+    from agentloop.learner.config import LoopConfig
+
+    text = (Path(__file__).parents[1] / "docs" / "learning.md").read_text()
+    documented = set(re.findall(r"^\| `(\w+)` \|", text, flags=re.MULTILINE))
+    assert documented == {f.name for f in dataclasses.fields(LoopConfig)}
