@@ -55,7 +55,7 @@ class Settings(BaseSettings):
         None,
         description="Start a worker and beat inside `agentloop serve`. Default: on for the embedded broker.",
     )
-    events_poll_interval_s: float = Field(0.05, description="Poll period for step streams when no Redis is configured.")
+    events_poll_interval_s: float = Field(0.02, description="Poll period for step streams when no Redis is configured.")
 
     # --- policy ------------------------------------------------------------------------------
     policy_backend: Literal["local"] = Field("local", description="Inference backend.")
