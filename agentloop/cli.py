@@ -345,6 +345,38 @@ def eval_command(
         typer.echo(json.dumps(summary))
 
 
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _learn_run(resume: str | None, algo: str, iterations: int, overrides: dict[str, object]) -> str:
+    """The run to train: the one to resume, or a new one."""
+    from agentloop.learner.config import LoopConfig
+    from agentloop.store.db import session_scope
+    from agentloop.store.models import TrainingRun
+
+    with session_scope() as s:
+        if resume:
+            run = s.get(TrainingRun, resume)
+            if run is None:
+                raise typer.BadParameter(f"no training run {resume}", param_hint="--resume")
+            if run.status in ("failed", "finished") and run.iteration < int(run.config.get("iterations", 1)):
+                run.status, run.error = "queued", None
+            run_id = run.id
+        else:
+            try:
+                config = LoopConfig.for_algo(algo, iterations=iterations, **overrides)
+            except (TypeError, ValueError) as exc:
+                raise typer.BadParameter(str(exc)) from None
+            run = TrainingRun(algo=algo, status="queued", trigger="cli", config=config.to_dict(), progress={})
+            s.add(run)
+            s.flush()
+            run_id = run.id
+    return run_id
+
+
 @app.command()
 def learn(
     algo: str = typer.Option("loop", help="loop, grpo or reinforce."),
@@ -357,15 +389,20 @@ def learn(
     option: list[str] = typer.Option([], "--set", help="Any training option as key=value (JSON values)."),
     resume: str = typer.Option(None, help="Resume this training run from its last checkpoint."),
 ) -> None:
-    """Run training iterations in this process, with progress, and print each iteration's metrics."""
-    settings = _setup()
-    _migrate_if_embedded(settings)
+    """Run training iterations in this process, with progress, and print each iteration's metrics.
+    Under `accelerate launch` (or torchrun) the processes share each update (DDP)."""
     import socket
 
-    from agentloop.learner.config import LoopConfig
+    from accelerate import PartialState
+
     from agentloop.learner.trainer import run_training
     from agentloop.store.db import session_scope
     from agentloop.store.models import TrainingRun
+
+    settings = _setup()
+    state = PartialState(cpu=not _cuda())
+    if state.is_main_process:
+        _migrate_if_embedded(settings)
 
     overrides: dict[str, object] = {}
     for item in option:
@@ -385,23 +422,20 @@ def learn(
     ):
         if value is not None:
             overrides[key] = value
-    with session_scope() as s:
-        if resume:
-            run = s.get(TrainingRun, resume)
-            if run is None:
-                raise typer.BadParameter(f"no training run {resume}", param_hint="--resume")
-            if run.status in ("failed", "finished") and run.iteration < int(run.config.get("iterations", 1)):
-                run.status, run.error = "queued", None
-            run_id = run.id
-        else:
-            try:
-                config = LoopConfig.for_algo(algo, iterations=iterations, **overrides)
-            except (TypeError, ValueError) as exc:
-                raise typer.BadParameter(str(exc)) from None
-            run = TrainingRun(algo=algo, status="queued", trigger="cli", config=config.to_dict(), progress={})
-            s.add(run)
-            s.flush()
-            run_id = run.id
+    run_id = None
+    if state.is_main_process:
+        run_id = _learn_run(resume, algo, iterations, overrides)
+    if state.num_processes > 1:
+        from accelerate.utils import broadcast_object_list
+
+        shared = [run_id]
+        broadcast_object_list(shared, from_process=0)
+        run_id = shared[0]
+    assert run_id is not None
+    if not state.is_main_process:
+        raise typer.Exit(
+            0 if run_training(run_id, f"cli:{socket.gethostname()}:{os.getpid()}", settings) == "finished" else 1
+        )
     typer.echo(f"training run {run_id}", err=True)
 
     def show(progress: dict[str, object]) -> None:

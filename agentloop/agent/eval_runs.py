@@ -239,7 +239,11 @@ def run_eval_command(
 
             runner = RandomPolicy(tokenizer, apps)
 
-    limits = Limits.from_settings(settings, max_turns=max_turns, max_new_tokens=max_new_tokens, temperature=temperature)
+    # no wall-clock limit: an offline run decodes many episodes together, so a served episode's clock
+    # would measure the batch and the machine's load, not the agent
+    limits = Limits.from_settings(
+        settings, max_turns=max_turns, max_new_tokens=max_new_tokens, temperature=temperature, wall_time_s=1e9
+    )
     with session_scope() as s:
         run = start_run(
             s,

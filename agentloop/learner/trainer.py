@@ -340,14 +340,35 @@ class Trainer:
             load, refs, c.rollouts_per_task, c.min_rollouts_per_task or 1, c.min_fraction, c.rollout_timeout_s, progress
         )
 
-    def iteration(self, i: int) -> dict[str, Any]:
-        c = self.config
-        t0 = time.perf_counter()
-        logged = self.logged_episodes() if c.replay_logged else []
+    def samples(self, i: int) -> tuple[list[Logged], dict[str, list[rollouts.Rollout]]]:
+        """The iteration's client episodes and rollouts by task. With several processes the main one
+        samples (and stores) them and hands them, with its RNG state, to the others, so that every
+        process updates on the same data in the same order."""
+        if self.accelerator.num_processes > 1:
+            from accelerate.utils import broadcast_object_list
+
+            payload: list[Any] = [None]
+            if self.accelerator.is_main_process:
+                payload = [(*self._sample(i), self.rng.getstate())]
+            broadcast_object_list(payload, from_process=0)
+            logged, by_task, state = payload[0]
+            self.rng.setstate(state)
+            return logged, by_task
+        return self._sample(i)
+
+    def _sample(self, i: int) -> tuple[list[Logged], dict[str, list[rollouts.Rollout]]]:
+        logged = self.logged_episodes() if self.config.replay_logged else []
         replayed = [item for item in logged if item.replayable]
         by_task = self.collect(i, [item.rollout.task_ref for item in replayed])
         for item in replayed:  # the client's episode is one more sample of its task's group
             by_task.setdefault(item.rollout.task_ref, []).append(item.rollout)
+        return logged, by_task
+
+    def iteration(self, i: int) -> dict[str, Any]:
+        c = self.config
+        t0 = time.perf_counter()
+        logged, by_task = self.samples(i)
+        replayed = [item for item in logged if item.replayable]
         every = [r for g in by_task.values() for r in g]
         kept = advantages_for(list(by_task.values()), c)
         kept += [(r, a) for r, a in feedback_advantages(logged, c.feedback_baseline_min) if abs(a) >= c.adv_threshold]
@@ -547,10 +568,43 @@ def db_reporter(run_id: str) -> Report:
 
 
 def run_training(run_id: str, owner: str, settings: Settings, report: Report | None = None) -> str:
-    """Claim the run, train, and record the outcome. Returns finished | failed | not_claimed."""
+    """Claim the run, train, and record the outcome. Returns finished | failed | not_claimed.
+    Under `accelerate launch` / torchrun every process calls this: the main one claims the run,
+    samples, stores, evaluates and reports; the others join the updates."""
+    from accelerate import PartialState
+
+    state = PartialState(cpu=not torch.cuda.is_available())
+    if state.num_processes > 1:
+        return _run_distributed(run_id, owner, settings, report, state)
     run = claim_run(run_id, owner, settings.lease_s)
     if run is None:
         return "not_claimed"
+    return _run_claimed(run, owner, settings, report)
+
+
+def _run_distributed(run_id: str, owner: str, settings: Settings, report: Report | None, state: Any) -> str:
+    from accelerate.utils import broadcast_object_list
+
+    claimed: list[Any] = [None]
+    if state.is_main_process:
+        run = claim_run(run_id, owner, settings.lease_s)
+        claimed = [run]
+    broadcast_object_list(claimed, from_process=0)
+    if claimed[0] is None:
+        return "not_claimed"
+    if state.is_main_process:
+        return _run_claimed(claimed[0], owner, settings, report)
+    run = claimed[0]
+    config = LoopConfig.for_algo(
+        run.config.get("algo", run.algo), **{k: v for k, v in run.config.items() if k != "algo"}
+    )
+    trainer = Trainer(settings, config, run_id)
+    trainer.run(trainer.setup())
+    return "finished"
+
+
+def _run_claimed(run: TrainingRun, owner: str, settings: Settings, report: Report | None) -> str:
+    run_id = run.id
     to_db = db_reporter(run_id)
 
     def both(progress: dict[str, Any]) -> None:

@@ -179,7 +179,7 @@ def update(
                 tokens += int(batch.attention_mask.sum())
                 kls.append(kl)
                 clips.append(clip)
-                losses.append(float(loss))
+                losses.append(float(loss.detach()))
             if world > 1 and not _is_wrapped(module):
                 for p in params:  # a module nobody wrapped: average the gradients by hand
                     if p.grad is None:

@@ -13,7 +13,7 @@ from agentloop.store.models import Adapter, TrainingRun
 from tests.learner.lights_world import turn_off_oracle
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(900)
 def test_loop_raises_the_success_rate(sqlite_db, lights_world, lights_model_dir, configure_env):
     configure_env(MODEL=str(lights_model_dir), MAX_BATCH_SIZE=36)
     torch.manual_seed(0)
