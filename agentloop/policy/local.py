@@ -34,6 +34,17 @@ class _Prefix:
     adapter: str | None
 
 
+SHARED_MIN_TOKENS = 16  # a shorter common opening is not worth stacking a cache for
+
+
+def _common_length(a: Sequence[int], b: Sequence[int], limit: int) -> int:
+    n = min(len(a), len(b), limit)
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return max(n, 0)
+
+
 class LocalPolicy:
     """A transformers model in this process; adapters are PEFT LoRA directories loaded by name.
 
@@ -56,6 +67,7 @@ class LocalPolicy:
         self._lock = threading.Lock()
         self._adapters: set[str] = set()
         self._prefixes: OrderedDict[str, _Prefix] = OrderedDict()
+        self._shared: dict[str | None, _Prefix] = {}  # per adapter: the latest kept prefix, for new episodes
         self.max_cached_episodes = max_cached_episodes
         self._generator = torch.Generator(device=model.device)
         if seed is not None:
@@ -96,6 +108,7 @@ class LocalPolicy:
             if name not in self._adapters:
                 return
             self._adapters.discard(name)
+            self._shared.pop(name, None)
             if self._adapters:
                 if self.model.active_adapter == name:
                     self.model.set_adapter(next(iter(self._adapters)))
@@ -135,14 +148,20 @@ class LocalPolicy:
         return self._decode(reqs, temperature, adapter)
 
     def _reusable(self, req: GenerationRequest, adapter: str | None) -> tuple[int, _Prefix | None]:
-        """How many leading tokens of the context already have keys/values cached for this episode."""
+        """How many leading tokens of the context already have keys/values cached: the episode's own
+        (its earlier turns), else those of the last episode whose context opens the same way (every
+        episode starts with the same system prompt and worked example)."""
         prefix = self._prefixes.get(req.key) if req.key is not None else None
-        if prefix is None or prefix.adapter != adapter:
-            return 0, None
-        usable = min(len(prefix.tokens), len(req.context) - 1)  # at least one token must be fed
-        if usable <= 0 or list(req.context[:usable]) != prefix.tokens[:usable]:
-            return 0, None
-        return usable, prefix
+        if prefix is not None and prefix.adapter == adapter:
+            usable = min(len(prefix.tokens), len(req.context) - 1)  # at least one token must be fed
+            if usable > 0 and list(req.context[:usable]) == prefix.tokens[:usable]:
+                return usable, prefix
+        shared = self._shared.get(adapter)
+        if shared is not None:
+            usable = _common_length(shared.tokens, req.context, len(req.context) - 1)
+            if usable >= SHARED_MIN_TOKENS:
+                return usable, shared
+        return 0, None
 
     def _decode(self, reqs: list[GenerationRequest], temperature: float, adapter: str | None) -> list[Generation]:
         device = self.model.device
@@ -150,6 +169,8 @@ class LocalPolicy:
         if min(len(r.context) for r in reqs) == 0:
             raise ValueError("cannot generate from an empty context")
         reuse = [self._reusable(r, adapter) for r in reqs]
+        if self._prime_shared([r for r, (n, _) in zip(reqs, reuse, strict=True) if n == 0], adapter):
+            reuse = [self._reusable(r, adapter) for r in reqs]
         cached = [n for n, _ in reuse]
         P = max(cached)
         fresh = [list(r.context[n:]) for r, (n, _) in zip(reqs, reuse, strict=True)]
@@ -220,6 +241,24 @@ class LocalPolicy:
         self._keep_prefixes(reqs, gens, cache, mask, fed=steps - 1, adapter=adapter)
         return gens
 
+    def _prime_shared(self, new: list[GenerationRequest], adapter: str | None) -> bool:
+        """Several new episodes that open the same way (rollouts of one task, a batch of tasks): run the
+        model once over their common opening and share its keys/values, instead of once per row."""
+        if len(new) < 2 or self.max_cached_episodes <= 0:
+            return False
+        common = len(new[0].context) - 1
+        for r in new[1:]:
+            common = _common_length(new[0].context, r.context, min(common, len(r.context) - 1))
+        if common < SHARED_MIN_TOKENS:
+            return False
+        opening = list(new[0].context[:common])
+        ids = torch.tensor([opening], dtype=torch.long, device=self.model.device)
+        out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1)
+        cache = out.cache if hasattr(out, "cache") else out.past_key_values
+        kv = [(layer.keys[0], layer.values[0]) for layer in cache.layers]
+        self._shared[adapter] = _Prefix(opening, kv, adapter)
+        return True
+
     def _stack_prefixes(self, reuse: list[tuple[int, _Prefix | None]], width: int) -> Any:
         """One batch cache from the rows' cached keys/values, left-padded to `width`."""
         from transformers import DynamicCache
@@ -258,7 +297,7 @@ class LocalPolicy:
             kv = [
                 (layer.keys[b].index_select(1, keep), layer.values[b].index_select(1, keep)) for layer in cache.layers
             ]
-            self._prefixes[req.key] = _Prefix(seen, kv, adapter)
+            self._prefixes[req.key] = self._shared[adapter] = _Prefix(seen, kv, adapter)
             self._prefixes.move_to_end(req.key)
         while len(self._prefixes) > self.max_cached_episodes:
             self._prefixes.popitem(last=False)
@@ -272,3 +311,4 @@ class LocalPolicy:
         """Forget every cached prefix (the weights under them changed, e.g. after a training step)."""
         with self._lock:
             self._prefixes.clear()
+            self._shared.clear()

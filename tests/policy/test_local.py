@@ -126,3 +126,44 @@ def test_prefix_is_not_reused_when_the_context_diverges_or_the_adapter_differs(t
     # a diverged context still gives teacher-forced log-probs
     gen = policy.generate([GenerationRequest(other, 5, temperature=1.0, key="k")])[0]
     assert gen.logprobs == pytest.approx(naive_logprobs(policy.model, other, gen.token_ids), abs=1e-4)
+
+
+def test_a_new_episode_reuses_the_opening_another_one_computed(tiny_model_dir):
+    """Episodes share their opening (system prompt, example): a new episode's first turn feeds only what
+    differs, with the same greedy tokens and teacher-forced log-probs."""
+    cached = tiny_policy(tiny_model_dir, seed=3)
+    plain = tiny_policy(tiny_model_dir, seed=3, max_cached_episodes=0)
+    tok = cached.tokenizer
+    opening = tok.encode("You are an agent. You call APIs of apps to do what the user asks, step by step.")
+    first = opening + tok.encode(" Task: turn the lights on.", add_special_tokens=False)
+    second = opening + tok.encode(" Task: what is my wallet balance?", add_special_tokens=False)
+    cached.generate([GenerationRequest(first, 5, temperature=0.0, key="one")])
+    reused, prefix = cached._reusable(GenerationRequest(second, 5, key="two"), None)
+    assert reused >= len(opening) and prefix is not None and prefix.tokens[: len(opening)] == opening
+    a = cached.generate([GenerationRequest(second, 6, temperature=0.0, key="two")])[0]
+    b = plain.generate([GenerationRequest(second, 6, temperature=0.0, key="two")])[0]
+    assert a.token_ids == b.token_ids and a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+    assert a.logprobs == pytest.approx(naive_logprobs(cached.model, second, a.token_ids), abs=1e-4)
+    assert cached._reusable(GenerationRequest(tok.encode("Something else entirely."), 5), None) == (0, None)
+    assert cached._reusable(GenerationRequest(second, 5, key="three"), "tiny@v1") == (0, None)  # other adapter
+    cached.clear_cache()
+    assert cached._reusable(GenerationRequest(second, 5, key="three"), None) == (0, None)
+
+
+def test_a_batch_of_new_episodes_computes_its_common_opening_once(tiny_model_dir):
+    cached = tiny_policy(tiny_model_dir, seed=4)
+    plain = tiny_policy(tiny_model_dir, seed=4, max_cached_episodes=0)
+    tok = cached.tokenizer
+    opening = tok.encode("You are an agent. You call APIs of apps to do what the user asks, step by step.")
+    reqs = [
+        GenerationRequest(opening + tok.encode(f" Task {i}: {task}", add_special_tokens=False), 6, 0.0, key=str(i))
+        for i, task in enumerate(["lights on", "my wallet balance, please", "lights on"])
+    ]
+    primed = []
+    prime = cached._prime_shared
+    cached._prime_shared = lambda new, adapter: primed.append(len(new)) or prime(new, adapter)  # type: ignore[method-assign]
+    a, b = cached.generate(reqs), plain.generate(reqs)
+    assert primed == [3] and cached._reusable(reqs[1], None)[0] >= len(opening)  # computed once, shared by three
+    for x, y, req in zip(a, b, reqs, strict=True):
+        assert x.token_ids == y.token_ids and x.logprobs == pytest.approx(y.logprobs, abs=1e-4)
+        assert x.logprobs == pytest.approx(naive_logprobs(cached.model, req.context, x.token_ids), abs=1e-4)
