@@ -32,7 +32,9 @@ optimizer step over the whole batch. What is timed, per update:
         head, and the backward), then grad clip and the optimizer step, as `Trainer.train` does.
 
 tokens/s: the batch's tokens (N x T; every position goes through forward and backward) / seconds of one
-update, median over repeats after a warm-up update on one micro-batch.
+update, median over repeats after a warm-up update on one micro-batch. One torch thread per process by
+default (--threads): the ratios are the point, and multi-threaded CPU timings swing several-fold when other
+work shares the cores (on 2 busy cores, the same LOOP update ran at 5 to 30 tokens/s with 2 threads, 142 with 1).
 Memory: peak RSS (ru_maxrss) of each child process. Its increment is that minus the peak of a baseline
 child that imports the same libraries and loads the same model, batch and 4k-token input, and does
 nothing else; the *_mem_ratio keys are ratios of increments (absolute peaks are reported too).
@@ -286,7 +288,7 @@ class Child:
             "tokens": tokens,
             "seconds": [round(s, 3) for s in seconds],
             "tokens_per_s": tokens / statistics.median(seconds),
-            # CPU time of all threads: less sensitive than wall time to other work on a shared machine
+            # CPU time: with one thread, the update's own cost, whatever share of the core other work takes
             "tokens_per_cpu_s": tokens / statistics.median(cpu_seconds),
             "grad_norm_first": grad_norms[0],
             "rss_after_warmup_mb": loaded,
@@ -602,9 +604,9 @@ def main() -> None:
     ap.add_argument(
         "--threads",
         type=int,
-        default=None,
-        help="torch threads per process (default: torch's, the core count); on a machine shared with other work, "
-        "1 avoids threads waiting on each other at every operation and gives steadier timings",
+        default=1,
+        help="torch threads per process (default 1: with more, other work on the same cores makes the threads wait "
+        "on each other at every operation, and timings swing several-fold)",
     )
     ap.add_argument("--child", choices=CHILDREN, help=argparse.SUPPRESS)
     ap.add_argument("--spec", type=Path, help=argparse.SUPPRESS)
@@ -621,9 +623,8 @@ def main() -> None:
         sys.exit("--rollouts must be a multiple of --group and of --micro-batch")
     length = args.tokens or (64 if args.quick else 512)
     repeats = args.repeats or (2 if args.quick else 3)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    threads = torch.get_num_threads()
+    torch.set_num_threads(args.threads)
+    threads = args.threads
 
     t_start, load_start = time.perf_counter(), os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
