@@ -1,5 +1,5 @@
 """Learner memory and speed: one policy update on the same model and the same batch of synthetic rollouts,
-done four ways, each in its own fresh process, plus the memory of chunked token log-probs.
+done four ways, each in fresh processes, plus the memory of chunked token log-probs.
 
     pip install -e '.[bench]'        # TRL, for the GRPOTrainer comparison
     python bench/learner_memory.py [--quick] [--json] [--write-docs] [--model smollm2-135m-instruct|DIR|random]
@@ -35,9 +35,12 @@ tokens/s: the batch's tokens (N x T; every position goes through forward and bac
 update, median over repeats after a warm-up update on one micro-batch. One torch thread per process by
 default (--threads): the ratios are the point, and multi-threaded CPU timings swing several-fold when other
 work shares the cores (on 2 busy cores, the same LOOP update ran at 5 to 30 tokens/s with 2 threads, 142 with 1).
-Memory: peak RSS (ru_maxrss) of each child process. Its increment is that minus the peak of a baseline
-child that imports the same libraries and loads the same model, batch and 4k-token input, and does
-nothing else; the *_mem_ratio keys are ratios of increments (absolute peaks are reported too).
+Memory: each configuration runs again in a process of its own (warm-up, then one update) with glibc's
+mmap threshold fixed at 128 KiB (MALLOC_MMAP_THRESHOLD_), so that freed tensors leave the RSS and its
+peak (ru_maxrss) follows the peak of live memory, run after run to the MB. Its increment is that peak minus
+the peak of a baseline process, run the same way, that imports the same libraries and loads the same
+model, batch and 4k-token input, and does nothing else; the *_mem_ratio keys are ratios of increments
+(absolute peaks are reported too, and the timing processes' peaks with the default allocator).
 logprob_mem_ratio: the same increment for `sequence_logprobs` (chunked) / a full
 `log_softmax(logits.float())` gather, forward only under no_grad, over every position of one sequence.
 
@@ -66,7 +69,12 @@ from agentloop.learner.config import LoopConfig
 
 from report import emit, machine, write_section
 
-CHILDREN = ("baseline", "loop", "sft", "ppo", "trl", "logprob_chunked", "logprob_naive")
+UPDATES = ("loop", "sft", "ppo", "trl")
+CHILDREN = ("baseline", *UPDATES, "logprob_chunked", "logprob_naive")
+# Memory processes: glibc maps every allocation of 128 KiB or more and unmaps it when freed, so peak RSS
+# follows the peak of live memory (by default the threshold moves and freed memory is kept: run-to-run
+# noise of about 5% in the increments).
+MEMORY_ENV = {"MALLOC_MMAP_THRESHOLD_": "131072"}
 TARGETS = {  # the product spec's targets, reported as met or missed (never tuned for)
     "loop_sft_mem_ratio": ("<=", 1.10),
     "loop_sft_tps_ratio": (">=", 0.8),
@@ -140,6 +148,9 @@ def load_model(model_dir: Path) -> tuple[Any, Any]:
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     model.eval()
+    with torch.no_grad():  # the weights are mapped from the file: read them all so they count in RSS from here
+        for p in model.parameters():
+            p.sum()
     return model, AutoTokenizer.from_pretrained(model_dir)
 
 
@@ -271,14 +282,15 @@ class Child:
         return lora_model(base, self.loop_config(), None)
 
     def timed(self, step: Callable[[list[int]], float]) -> dict[str, Any]:
-        """A warm-up update on one micro-batch, then `repeats` updates on the whole batch."""
+        """A warm-up update on one micro-batch, then `repeats` updates on the whole batch (one in a memory
+        process: the optimizer state exists after the warm-up, and every update peaks alike)."""
         everything = list(range(self.n))
         t0 = time.perf_counter()
         step(everything[: self.micro])
         warmup_s = time.perf_counter() - t0
         loaded = rss_mb()
         seconds, cpu_seconds, grad_norms = [], [], []
-        for _ in range(self.spec["repeats"]):
+        for _ in range(1 if self.spec["mode"] == "memory" else self.spec["repeats"]):
             t0, c0 = time.perf_counter(), time.process_time()
             grad_norms.append(step(everything))
             seconds.append(time.perf_counter() - t0)
@@ -544,8 +556,8 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: 
     return adv
 
 
-def run_child(name: str, spec_path: Path) -> None:
-    spec = json.loads(spec_path.read_text())
+def run_child(name: str, spec_path: Path, mode: str) -> None:
+    spec = {**json.loads(spec_path.read_text()), "mode": mode}
     t0 = time.perf_counter()
     child = Child(spec)
     setup_s = time.perf_counter() - t0
@@ -558,23 +570,23 @@ def run_child(name: str, spec_path: Path) -> None:
 # --- the parent -----------------------------------------------------------------------------------
 
 
-def spawn(name: str, spec_path: Path, timeout_s: float) -> dict[str, Any]:
+def spawn(name: str, mode: str, spec_path: Path, timeout_s: float) -> dict[str, Any]:
+    """Run one configuration in a fresh interpreter (ru_maxrss only ever grows within a process). `mode`:
+    "time" with the default allocator, or "memory" with MEMORY_ENV."""
     t0 = time.perf_counter()
-    # a fresh interpreter per configuration: ru_maxrss only ever grows within a process
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", **(MEMORY_ENV if mode == "memory" else {})}
     proc = subprocess.run(
-        [sys.executable, __file__, "--child", name, "--spec", str(spec_path)],
+        [sys.executable, __file__, "--child", name, "--mode", mode, "--spec", str(spec_path)],
         capture_output=True,
         text=True,
         timeout=timeout_s,  # subprocess default: no limit; a stuck child should fail the run, not hang it
-        env={**os.environ, "TOKENIZERS_PARALLELISM": "false"},
+        env=env,
     )
     if proc.returncode != 0:
-        raise RuntimeError(f"child {name!r} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
+        raise RuntimeError(f"child {name!r} ({mode}) failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
     result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-    peak = result["peak_mb"]
-    tps = f", {result['tokens_per_s']:.1f} tokens/s" if "tokens_per_s" in result else ""
-    phases = ", ".join(f"{k} {result[k]:.0f} s" for k in ("setup_s", "warmup_s") if k in result)
-    log(f"{name}: peak {peak:.0f} MB{tps} ({time.perf_counter() - t0:.0f} s: {phases})")
+    what = f"{result['tokens_per_s']:.1f} tokens/s" if mode == "time" else f"peak {result['peak_mb']:.0f} MB"
+    log(f"{name} ({mode}): {what} ({time.perf_counter() - t0:.0f} s)")
     return result
 
 
@@ -609,10 +621,11 @@ def main() -> None:
         "on each other at every operation, and timings swing several-fold)",
     )
     ap.add_argument("--child", choices=CHILDREN, help=argparse.SUPPRESS)
+    ap.add_argument("--mode", choices=("time", "memory"), default="time", help=argparse.SUPPRESS)
     ap.add_argument("--spec", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        run_child(args.child, args.spec)
+        run_child(args.child, args.spec, args.mode)
         return
 
     try:
@@ -649,11 +662,15 @@ def main() -> None:
         }
         spec_path = scratch / "spec.json"
         spec_path.write_text(json.dumps(spec))
-        runs = {name: spawn(name, spec_path, timeout_s=3600) for name in CHILDREN}
+        timed, mem = {}, {}
+        for name in CHILDREN:
+            if name in UPDATES:
+                timed[name] = spawn(name, "time", spec_path, timeout_s=3600)
+            mem[name] = spawn(name, "memory", spec_path, timeout_s=3600)
 
-    base = runs["baseline"]["peak_mb"]
-    inc = {name: max(run["peak_mb"] - base, 0.0) for name, run in runs.items() if name != "baseline"}
-    tps = {name: runs[name]["tokens_per_s"] for name in ("loop", "sft", "ppo", "trl")}
+    base = mem["baseline"]["peak_mb"]
+    inc = {name: max(run["peak_mb"] - base, 0.0) for name, run in mem.items() if name != "baseline"}
+    tps = {name: timed[name]["tokens_per_s"] for name in UPDATES}
     result: dict[str, Any] = {
         "loop_sft_mem_ratio": ratio(inc["loop"], inc["sft"]),
         "loop_sft_tps_ratio": ratio(tps["loop"], tps["sft"]),
@@ -662,16 +679,18 @@ def main() -> None:
         "loop_ppo_mem_ratio": ratio(inc["loop"], inc["ppo"]),
         "loop_ppo_tps_ratio": ratio(tps["loop"], tps["ppo"]),
         "logprob_mem_ratio": ratio(inc["logprob_chunked"], inc["logprob_naive"]),
-        "peak_mb": {name: round(run["peak_mb"], 1) for name, run in runs.items()},
+        "peak_mb": {name: round(run["peak_mb"], 1) for name, run in mem.items()},
         "increment_mb": {name: round(v, 1) for name, v in inc.items()},
+        # the timing processes' peaks, default allocator (retains freed memory; noisier, not used in ratios)
+        "peak_mb_default_malloc": {name: round(run["peak_mb"], 1) for name, run in timed.items()},
         "tokens_per_s": {name: round(v, 2) for name, v in tps.items()},
-        "update_seconds": {name: runs[name]["seconds"] for name in tps},
-        "grad_norm_first": {name: runs[name]["grad_norm_first"] for name in tps},
+        "update_seconds": {name: timed[name]["seconds"] for name in tps},
+        "grad_norm_first": {name: timed[name]["grad_norm_first"] for name in tps},
         # LOOP and TRL start from the same adapter and take the same warm-up step: the same objective gives
         # the same gradient
-        "loop_trl_grad_rel_diff": abs(runs["loop"]["grad_norm_first"] - runs["trl"]["grad_norm_first"])
-        / runs["loop"]["grad_norm_first"],
-        "logprob_seconds": {name: runs[f"logprob_{name}"]["seconds"] for name in ("chunked", "naive")},
+        "loop_trl_grad_rel_diff": abs(timed["loop"]["grad_norm_first"] - timed["trl"]["grad_norm_first"])
+        / timed["loop"]["grad_norm_first"],
+        "logprob_seconds": {name: mem[f"logprob_{name}"]["seconds"] for name in ("chunked", "naive")},
         "model": model_label,
         "batch": {
             "rollouts": args.rollouts,
@@ -689,7 +708,7 @@ def main() -> None:
         "wall_s": round(time.perf_counter() - t_start, 1),
         # other work on the machine slows the updates unevenly: read tokens/s with the load in mind
         "load_avg_1m": [round(load_start, 2), round(os.getloadavg()[0], 2)],
-        "tokens_per_cpu_s": {name: round(runs[name]["tokens_per_cpu_s"], 2) for name in tps},
+        "tokens_per_cpu_s": {name: round(timed[name]["tokens_per_cpu_s"], 2) for name in tps},
     }
     result["targets"] = {key: verdict(key, result[key]) for key in TARGETS}
     if args.write_docs:
@@ -742,10 +761,11 @@ def write_docs(r: dict[str, Any]) -> None:
 AdamW, no gradient checkpointing. Batch: {b["rollouts"]} synthetic rollouts x {b["tokens_per_rollout"]} tokens
 (groups of {b["group"]}, {b["turns"]} agent turns, {b["agent_token_frac"] * 100:.0f}% agent tokens), micro-batches of
 {b["micro_batch"]}, one optimizer step per update. tokens/s = the batch's tokens / seconds of one update (median of
-{b["repeats"]}, after a warm-up); per CPU-second = the same over the process's CPU time. Each configuration runs in
-its own process; "+MB" is its peak RSS minus the peak of a baseline process that imports the same libraries
-and loads the same model and batch ({r["peak_mb"]["baseline"]:.0f} MB); memory ratios are of "+MB". What each row
-times is in the script's docstring.
+{b["repeats"]}, after a warm-up); per CPU-second = the same over the process's CPU time. Memory comes from a
+second process per configuration with glibc's mmap threshold fixed (`MALLOC_MMAP_THRESHOLD_=131072`: freed
+tensors leave the RSS, so peak RSS follows peak live memory); "+MB" is its peak RSS minus that of a baseline
+process that imports the same libraries and loads the same model and batch ({r["peak_mb"]["baseline"]:.0f} MB);
+memory ratios are of "+MB". What each row times is in the script's docstring.
 
 | update | tokens/s | tokens per CPU-s | peak MB | +MB | LOOP / this, tokens/s | LOOP / this, +MB |
 |---|---|---|---|---|---|---|
