@@ -35,12 +35,14 @@ tokens/s: the batch's tokens (N x T; every position goes through forward and bac
 update, median over repeats after a warm-up update on one micro-batch. One torch thread per process by
 default (--threads): the ratios are the point, and multi-threaded CPU timings swing several-fold when other
 work shares the cores (on 2 busy cores, the same LOOP update ran at 5 to 30 tokens/s with 2 threads, 142 with 1).
-Memory: each configuration runs again in a process of its own (warm-up, then one update) with glibc's
-mmap threshold fixed at 128 KiB (MALLOC_MMAP_THRESHOLD_), so that freed tensors leave the RSS and its
-peak (ru_maxrss) follows the peak of live memory, run after run to the MB. Its increment is that peak minus
-the peak of a baseline process, run the same way, that imports the same libraries and loads the same
-model, batch and 4k-token input, and does nothing else; the *_mem_ratio keys are ratios of increments
-(absolute peaks are reported too, and the timing processes' peaks with the default allocator).
+Memory (Linux): each configuration runs again in a process of its own (warm-up, then one update) with
+glibc's mmap threshold fixed at 128 KiB (MALLOC_MMAP_THRESHOLD_), so that freed tensors leave the RSS.
+Every process first imports the same libraries and loads the same model (its weights read in), batch
+and 4k-token input; then its peak RSS is reset (/proc/self/clear_refs) and the configuration runs. Its
+increment = the peak RSS from there on - the RSS at that point: the memory the configuration adds, run
+after run to the MB (a peak that includes loading moves with page-cache and allocator state by up to
+a few hundred MB). The *_mem_ratio keys are ratios of increments; the absolute peaks (ru_maxrss, loading
+included) are reported too, and the timing processes' with the default allocator.
 logprob_mem_ratio: the same increment for `sequence_logprobs` (chunked) / a full
 `log_softmax(logits.float())` gather, forward only under no_grad, over every position of one sequence.
 
@@ -70,10 +72,10 @@ from agentloop.learner.config import LoopConfig
 from report import emit, machine, write_section
 
 UPDATES = ("loop", "sft", "ppo", "trl")
-CHILDREN = ("baseline", *UPDATES, "logprob_chunked", "logprob_naive")
+CHILDREN = (*UPDATES, "logprob_chunked", "logprob_naive")
 # Memory processes: glibc maps every allocation of 128 KiB or more and unmaps it when freed, so peak RSS
-# follows the peak of live memory (by default the threshold moves and freed memory is kept: run-to-run
-# noise of about 5% in the increments).
+# follows the peak of live memory. By default the threshold moves and freed memory is kept for reuse:
+# peaks then depend on the order of allocations (several % from run to run, and well above live memory).
 MEMORY_ENV = {"MALLOC_MMAP_THRESHOLD_": "131072"}
 TARGETS = {  # the product spec's targets, reported as met or missed (never tuned for)
     "loop_sft_mem_ratio": ("<=", 1.10),
@@ -236,11 +238,22 @@ def micro_batches(items: Sequence[int], size: int) -> list[list[int]]:
 # --- child processes: one configuration each --------------------------------------------------------
 
 
+def reset_peak() -> None:
+    """Set the process's peak RSS (VmHWM, which ru_maxrss reads) to its current RSS."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError as exc:
+        raise SystemExit(
+            f"bench/learner_memory.py measures memory through /proc/self/clear_refs (Linux): {exc}"
+        ) from exc
+
+
 def peak_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kB on Linux
 
 
 def rss_mb() -> float:
+    """Resident memory now (VmRSS)."""
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
@@ -251,7 +264,7 @@ class Child:
     """What every child shares: the same imports, model, batch and long input, then one configuration."""
 
     def __init__(self, spec: dict[str, Any]) -> None:
-        # every child imports the same libraries, so their footprint cancels against the baseline
+        # every child imports the same libraries, so every configuration starts from the same state
         import accelerate  # noqa: F401
         import peft  # noqa: F401
         import transformers  # noqa: F401
@@ -270,10 +283,8 @@ class Child:
         self.n = len(self.rollouts)
         self.micro = spec["micro_batch"]
 
-    def loop_config(self, **overrides: Any) -> Any:
-        from agentloop.learner.config import LoopConfig
-
-        return LoopConfig(epochs=1, minibatch_size=self.n, micro_batch_size=self.micro, **overrides)
+    def loop_config(self) -> LoopConfig:
+        return LoopConfig(epochs=1, minibatch_size=self.n, micro_batch_size=self.micro)
 
     def lora(self, base: Any) -> Any:
         from agentloop.learner.trainer import lora_model
@@ -308,9 +319,6 @@ class Child:
         }
 
     # --- configurations
-
-    def baseline(self) -> dict[str, Any]:
-        return {}
 
     def loop(self) -> dict[str, Any]:
         from accelerate import Accelerator
@@ -402,7 +410,7 @@ class Child:
                     reward[torch.arange(len(micro)), last] += rewards[micro]
                     adv = gae(reward, old_values, mask, gamma, lam)
                     experience.append((micro, batch, old_values, adv, adv + old_values))
-                every = torch.cat([adv[b.agent_mask > 0] for _, b, _, adv, _ in experience])
+                every = torch.cat([a[b.agent_mask > 0] for _, b, _, a, _ in experience])  # whitened over the batch
                 mean, std = every.mean(), every.std()
             # the update: policy and value losses, one backward per micro-batch
             policy.train()
@@ -560,10 +568,16 @@ def run_child(name: str, spec_path: Path, mode: str) -> None:
     spec = {**json.loads(spec_path.read_text()), "mode": mode}
     t0 = time.perf_counter()
     child = Child(spec)
-    setup_s = time.perf_counter() - t0
+    setup_s, setup_peak, start = time.perf_counter() - t0, peak_mb(), rss_mb()
+    reset_peak()
     result = getattr(child, name)()
-    result["peak_mb"] = peak_mb()
-    result["setup_s"] = round(setup_s, 3)
+    work_peak = peak_mb()
+    result.update(
+        peak_mb=max(setup_peak, work_peak),  # absolute, loading included
+        increment_mb=work_peak - start,  # what this configuration adds to the loaded process
+        loaded_mb=start,
+        setup_s=round(setup_s, 3),
+    )
     print(json.dumps(result))
 
 
@@ -668,9 +682,9 @@ def main() -> None:
                 timed[name] = spawn(name, "time", spec_path, timeout_s=3600)
             mem[name] = spawn(name, "memory", spec_path, timeout_s=3600)
 
-    base = mem["baseline"]["peak_mb"]
-    inc = {name: max(run["peak_mb"] - base, 0.0) for name, run in mem.items() if name != "baseline"}
+    inc = {name: run["increment_mb"] for name, run in mem.items()}
     tps = {name: timed[name]["tokens_per_s"] for name in UPDATES}
+    cpu_tps = {name: timed[name]["tokens_per_cpu_s"] for name in UPDATES}
     result: dict[str, Any] = {
         "loop_sft_mem_ratio": ratio(inc["loop"], inc["sft"]),
         "loop_sft_tps_ratio": ratio(tps["loop"], tps["sft"]),
@@ -678,11 +692,14 @@ def main() -> None:
         "loop_trl_mem_ratio": ratio(inc["loop"], inc["trl"]),
         "loop_ppo_mem_ratio": ratio(inc["loop"], inc["ppo"]),
         "loop_ppo_tps_ratio": ratio(tps["loop"], tps["ppo"]),
+        # the same over CPU time: with one thread, steadier than wall time when other work shares the cores
+        **{f"loop_{n}_cpu_tps_ratio": ratio(cpu_tps["loop"], cpu_tps[n]) for n in ("sft", "trl", "ppo")},
         "logprob_mem_ratio": ratio(inc["logprob_chunked"], inc["logprob_naive"]),
         "peak_mb": {name: round(run["peak_mb"], 1) for name, run in mem.items()},
         "increment_mb": {name: round(v, 1) for name, v in inc.items()},
         # the timing processes' peaks, default allocator (retains freed memory; noisier, not used in ratios)
-        "peak_mb_default_malloc": {name: round(run["peak_mb"], 1) for name, run in timed.items()},
+        "increment_mb_default_malloc": {name: round(run["increment_mb"], 1) for name, run in timed.items()},
+        "loaded_mb": round(statistics.median(run["loaded_mb"] for run in mem.values()), 1),
         "tokens_per_s": {name: round(v, 2) for name, v in tps.items()},
         "update_seconds": {name: timed[name]["seconds"] for name in tps},
         "grad_norm_first": {name: timed[name]["grad_norm_first"] for name in tps},
@@ -708,7 +725,7 @@ def main() -> None:
         "wall_s": round(time.perf_counter() - t_start, 1),
         # other work on the machine slows the updates unevenly: read tokens/s with the load in mind
         "load_avg_1m": [round(load_start, 2), round(os.getloadavg()[0], 2)],
-        "tokens_per_cpu_s": {name: round(timed[name]["tokens_per_cpu_s"], 2) for name in tps},
+        "tokens_per_cpu_s": {name: round(v, 2) for name, v in cpu_tps.items()},
     }
     result["targets"] = {key: verdict(key, result[key]) for key in TARGETS}
     if args.write_docs:
@@ -723,7 +740,7 @@ def summary(r: dict[str, Any]) -> str:
     for name in ("loop", "sft", "ppo", "trl"):
         lines.append(
             f"  {name:4s} {r['tokens_per_s'][name]:8.2f} tokens/s  peak {r['peak_mb'][name]:7.0f} MB"
-            f"  (+{r['increment_mb'][name]:.0f} MB over the baseline's {r['peak_mb']['baseline']:.0f} MB)"
+            f"  (+{r['increment_mb'][name]:.0f} MB over the loaded process's {r['loaded_mb']:.0f} MB)"
         )
     lines += [f"  {k} = {r[k]}: {v}" for k, v in r["targets"].items()]
     return "\n".join(lines)
@@ -746,11 +763,12 @@ def write_docs(r: dict[str, Any]) -> None:
     )
     targets = "\n".join(f"| `{k}` | {r[k]} | {v} |" for k, v in r["targets"].items())
     eps = LoopConfig().clip_eps
+    quick = " (`--quick`: short rollouts, where fixed costs weigh more than at the default 512)" if r["quick"] else ""
     shared = ""
     if max(r["load_avg_1m"]) > (os.cpu_count() or 1) + 0.5:  # more runnable work than this benchmark's
         shared = (
             "\nThe machine was shared with other work, which slows each configuration by a different amount:"
-            " the tokens/s ratios carry that noise (the CPU-time rates less so); the memory figures do not."
+            " the wall-clock tokens/s ratios carry that noise, the CPU-time ones much less; the memory figures none."
         )
     write_section(
         "learner_memory",
@@ -758,14 +776,14 @@ def write_docs(r: dict[str, Any]) -> None:
 ## Learner memory and speed (`bench/learner_memory.py`)
 
 `{cmd}` on {machine()}; model `{r["model"]}`, fp32, LoRA r16 alpha 32 on q,k,v,o,gate,up,down,
-AdamW, no gradient checkpointing. Batch: {b["rollouts"]} synthetic rollouts x {b["tokens_per_rollout"]} tokens
+AdamW, no gradient checkpointing. Batch: {b["rollouts"]} synthetic rollouts x {b["tokens_per_rollout"]} tokens{quick}
 (groups of {b["group"]}, {b["turns"]} agent turns, {b["agent_token_frac"] * 100:.0f}% agent tokens), micro-batches of
 {b["micro_batch"]}, one optimizer step per update. tokens/s = the batch's tokens / seconds of one update (median of
 {b["repeats"]}, after a warm-up); per CPU-second = the same over the process's CPU time. Memory comes from a
 second process per configuration with glibc's mmap threshold fixed (`MALLOC_MMAP_THRESHOLD_=131072`: freed
-tensors leave the RSS, so peak RSS follows peak live memory); "+MB" is its peak RSS minus that of a baseline
-process that imports the same libraries and loads the same model and batch ({r["peak_mb"]["baseline"]:.0f} MB);
-memory ratios are of "+MB". What each row times is in the script's docstring.
+tensors leave the RSS): it loads the same libraries, model and batch (about {r["loaded_mb"]:.0f} MB), resets its peak
+RSS, runs a warm-up and one update; "+MB" is the peak RSS from the reset on minus the RSS at the reset, "peak MB"
+the process's absolute peak; memory ratios are of "+MB". What each row times is in the script's docstring.
 
 | update | tokens/s | tokens per CPU-s | peak MB | +MB | LOOP / this, tokens/s | LOOP / this, +MB |
 |---|---|---|---|---|---|---|
@@ -778,6 +796,13 @@ clip to [1/(1+eps), 1+eps]), `num_iterations=1`, `bf16=False`, `gradient_checkpo
 same warm-up step from the same adapter, LOOP's and TRL's gradient norms differ by
 {r["loop_trl_grad_rel_diff"]:.1e} (relative): the same objective.
 
+Where the differences come from: PPO holds two more copies of the base (the reference and the value
+model) and runs the value model forward and backward besides the policy, plus two no-grad forwards for
+the reference log-probs and the old values. TRL's fused LM head, on CPU, projects every position of the
+sequence (prompt and observations too, masked afterwards) and also computes the entropy; LOOP's runs the
+output layer over the agent's tokens only. The supervised step and LOOP differ only by the clipped
+ratio's elementwise terms.
+
 Token log-probs of one {r["logprob_tokens"]}-token sequence, forward only under `no_grad`, every position:
 chunked `sequence_logprobs` +{r["increment_mb"]["logprob_chunked"]:.0f} MB ({r["logprob_seconds"]["chunked"]} s),
 a full `log_softmax(logits.float())` gather +{r["increment_mb"]["logprob_naive"]:.0f} MB
@@ -787,8 +812,9 @@ a full `log_softmax(logits.float())` gather +{r["increment_mb"]["logprob_naive"]
 |---|---|---|
 {targets}
 
-1-minute load average {r["load_avg_1m"][0]} at the start and {r["load_avg_1m"][1]} at the end, on {os.cpu_count()}
-cores.{shared}
+The same tokens/s ratios over CPU time: LOOP / supervised {r["loop_sft_cpu_tps_ratio"]}, LOOP / TRL
+{r["loop_trl_cpu_tps_ratio"]}, LOOP / PPO {r["loop_ppo_cpu_tps_ratio"]}. 1-minute load average
+{r["load_avg_1m"][0]} at the start and {r["load_avg_1m"][1]} at the end, on {os.cpu_count()} cores.{shared}
 """,
     )
 
