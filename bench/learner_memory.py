@@ -763,7 +763,12 @@ def write_docs(r: dict[str, Any]) -> None:
     )
     targets = "\n".join(f"| `{k}` | {r[k]} | {v} |" for k, v in r["targets"].items())
     eps = LoopConfig().clip_eps
-    quick = " (`--quick`: short rollouts, where fixed costs weigh more than at the default 512)" if r["quick"] else ""
+    agent_pct = round(b["agent_token_frac"] * 100)
+    quick = (
+        " (`--quick`: short rollouts, where fixed costs weigh more than at the default 512 tokens)"
+        if r["quick"]
+        else ""
+    )
     shared = ""
     if max(r["load_avg_1m"]) > (os.cpu_count() or 1) + 0.5:  # more runnable work than this benchmark's
         shared = (
@@ -775,15 +780,16 @@ def write_docs(r: dict[str, Any]) -> None:
         f"""
 ## Learner memory and speed (`bench/learner_memory.py`)
 
-`{cmd}` on {machine()}; model `{r["model"]}`, fp32, LoRA r16 alpha 32 on q,k,v,o,gate,up,down,
-AdamW, no gradient checkpointing. Batch: {b["rollouts"]} synthetic rollouts x {b["tokens_per_rollout"]} tokens{quick}
-(groups of {b["group"]}, {b["turns"]} agent turns, {b["agent_token_frac"] * 100:.0f}% agent tokens), micro-batches of
-{b["micro_batch"]}, one optimizer step per update. tokens/s = the batch's tokens / seconds of one update (median of
-{b["repeats"]}, after a warm-up); per CPU-second = the same over the process's CPU time. Memory comes from a
-second process per configuration with glibc's mmap threshold fixed (`MALLOC_MMAP_THRESHOLD_=131072`: freed
-tensors leave the RSS): it loads the same libraries, model and batch (about {r["loaded_mb"]:.0f} MB), resets its peak
-RSS, runs a warm-up and one update; "+MB" is the peak RSS from the reset on minus the RSS at the reset, "peak MB"
-the process's absolute peak; memory ratios are of "+MB". What each row times is in the script's docstring.
+`{cmd}` on {machine()}; model `{r["model"]}`, fp32, LoRA r16 alpha 32 on
+q,k,v,o,gate,up,down, AdamW, no gradient checkpointing. Batch: {b["rollouts"]} synthetic rollouts x
+{b["tokens_per_rollout"]} tokens (groups of {b["group"]}, {b["turns"]} agent turns, {agent_pct}% agent tokens){quick},
+micro-batches of {b["micro_batch"]}, one optimizer step per update. tokens/s = the batch's tokens / seconds of
+one update (median of {b["repeats"]}, after a warm-up); per CPU-second = the same over the process's CPU time.
+Memory comes from a second process per configuration with glibc's mmap threshold fixed
+(`MALLOC_MMAP_THRESHOLD_=131072`: freed tensors leave the RSS): it loads the same libraries, model and batch
+(about {r["loaded_mb"]:.0f} MB), resets its peak RSS, runs a warm-up and one update; "+MB" is the peak RSS from the
+reset on minus the RSS at the reset, "peak MB" the process's absolute peak; memory ratios are of "+MB". What
+each row times is in the script's docstring.
 
 | update | tokens/s | tokens per CPU-s | peak MB | +MB | LOOP / this, tokens/s | LOOP / this, +MB |
 |---|---|---|---|---|---|---|
