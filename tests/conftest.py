@@ -186,6 +186,26 @@ def smollm2_dir(model_cache: Path) -> Path:
 
 
 @pytest.fixture
+def production_keys(postgres_url: str, redis_url: str, tiny_model_dir: Path, configure_env: Callable[..., None]) -> Any:
+    """Production wiring (Postgres, Redis broker, the tiny model, short episodes), migrated, with API keys."""
+    from agentloop.store.db import get_sessionmaker
+    from agentloop.store.migrate import upgrade
+    from tests.factories import make_keys
+
+    configure_env(
+        DATABASE_URL=postgres_url,
+        BROKER_URL=redis_url,
+        MODEL=tiny_model_dir,
+        AGENT_MAX_TURNS=3,
+        AGENT_MAX_NEW_TOKENS=16,
+        TORCH_THREADS=1,
+    )
+    upgrade(postgres_url)
+    with get_sessionmaker()() as s:
+        return make_keys(s)
+
+
+@pytest.fixture
 def processes(tmp_path: Path) -> Iterator[Any]:
     """Start `agentloop ...` subprocesses with the test's environment; all are stopped afterwards."""
     from tests.processes import Processes

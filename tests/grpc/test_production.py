@@ -8,9 +8,7 @@ import sqlalchemy as sa
 
 from agentloop.proto_gen.agentloop.v1 import agent_pb2 as pb
 from agentloop.store.db import get_sessionmaker
-from agentloop.store.migrate import upgrade
 from agentloop.store.models import Episode, Step
-from tests.factories import make_keys
 from tests.grpc.conftest import ServerThread, auth
 from tests.processes import ended, wait_for
 
@@ -18,20 +16,9 @@ pytestmark = pytest.mark.services
 
 
 @pytest.fixture
-def production_server(postgres_url, redis_url, tiny_model_dir, configure_env):
-    configure_env(
-        DATABASE_URL=postgres_url,
-        BROKER_URL=redis_url,
-        MODEL=tiny_model_dir,
-        AGENT_MAX_TURNS=3,
-        AGENT_MAX_NEW_TOKENS=16,
-        TORCH_THREADS=1,
-    )
-    upgrade(postgres_url)
-    with get_sessionmaker()() as s:
-        keys = make_keys(s)
+def production_server(production_keys):
     server = ServerThread()
-    yield server, keys
+    yield server, production_keys
     server.close()
 
 

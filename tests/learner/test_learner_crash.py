@@ -5,7 +5,6 @@ import os
 import subprocess
 import sys
 import time
-from datetime import timedelta
 
 import pytest
 from transformers import AutoModelForCausalLM
@@ -98,7 +97,7 @@ def test_learner_killed_mid_work_loses_nothing_and_resumes(
     assert name in policy.loaded_adapters()
 
     time.sleep(4.5)  # the lease expires
-    swept = sweep_training_runs(settings, utcnow() + timedelta(seconds=0))
+    swept = sweep_training_runs(settings, utcnow())
     assert swept == {"runs_requeued": 1, "runs_failed": 0}
     with session_scope() as s:
         run = s.get(TrainingRun, run_id)

@@ -1,32 +1,8 @@
 """POST /v1/admin/train: the run goes through the broker to a real learner worker process and trains."""
 
-from fastapi.testclient import TestClient
-
-from agentloop.api.app import create_app
-from agentloop.store.db import get_sessionmaker
-from tests.factories import bearer, make_keys
+from tests.api.test_admin_api import TRAIN, env
+from tests.factories import bearer
 from tests.processes import wait_for
-
-TRAIN = {
-    "algo": "loop",
-    "iterations": 1,
-    "config": {
-        "world": "lights",
-        "tasks_per_iteration": 3,
-        "rollouts_per_task": 3,
-        "max_turns": 1,
-        "max_new_tokens": 40,
-        "dev_limit": 2,
-        "dev_max_turns": 1,
-        "promotion_tolerance": 100.0,
-    },
-}
-
-
-def env():
-    with get_sessionmaker()() as s:
-        keys = make_keys(s)
-    return TestClient(create_app()), keys
 
 
 def test_train_now_runs_in_a_learner_worker(

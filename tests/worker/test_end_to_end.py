@@ -9,28 +9,16 @@ from fastapi.testclient import TestClient
 
 from agentloop.api.app import create_app
 from agentloop.store.db import get_sessionmaker
-from agentloop.store.migrate import upgrade
 from agentloop.store.models import Episode, Reward, Step
-from tests.factories import bearer, make_keys
+from tests.factories import bearer
 from tests.processes import ended, wait_for
 
 pytestmark = pytest.mark.services
 
 
 @pytest.fixture
-def production(postgres_url, redis_url, tiny_model_dir, configure_env):
-    configure_env(
-        DATABASE_URL=postgres_url,
-        BROKER_URL=redis_url,
-        MODEL=tiny_model_dir,
-        AGENT_MAX_TURNS=3,
-        AGENT_MAX_NEW_TOKENS=16,
-        TORCH_THREADS=1,
-    )
-    upgrade(postgres_url)
-    with get_sessionmaker()() as s:
-        keys = make_keys(s)
-    return TestClient(create_app()), keys
+def production(production_keys):
+    return TestClient(create_app()), production_keys
 
 
 def sse_events(client, task_id, key, **params):
