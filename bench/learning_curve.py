@@ -51,15 +51,17 @@ LABELS = {"loop": "LOOP", "grpo": "GRPO (std-normalised)", "reinforce": "REINFOR
 
 # (full run, --quick); None in a flag means "take the preset"
 PRESETS: dict[str, tuple[Any, Any]] = {
-    "budget_s": (1200.0, 600.0),
+    "budget_s": (720.0, 600.0),
     "max_iterations": (100, 2),
-    "tasks_per_iteration": (4, 2),
-    "rollouts_per_task": (6, 4),
-    "max_turns": (4, 3),
-    "max_new_tokens": (128, 64),
-    "dev_limit": (15, 6),
-    "dev_max_turns": (4, 3),
+    "tasks_per_iteration": (2, 2),
+    "rollouts_per_task": (4, 4),
+    "max_turns": (6, 3),
+    "max_new_tokens": (96, 64),
+    "dev_limit": (10, 6),
+    "dev_max_turns": (8, 3),
 }
+
+OPTIONS = ("lr", "seed", "warm_start", "warm_start_batch", "warm_start_lr")  # reported with the presets
 
 SERIES = (
     "iteration",
@@ -145,6 +147,7 @@ def make_config(algo: str, args: argparse.Namespace) -> LoopConfig:
         dev_limit=args.dev_limit,
         dev_max_turns=args.dev_max_turns,
         lr=args.lr,
+        micro_batch_size=1,  # a rollout is ~2k tokens: activations of one at a time (~6 GB in fp32)
         promote=False,  # no gate, no adapter versions: dev TGC is measured here after every iteration
         seed=args.seed,
     )
@@ -177,11 +180,21 @@ def prepare_start(args: argparse.Namespace, tmp: Path, model_dir: Path) -> tuple
     }
     if args.warm_start:
         t0 = time.perf_counter()
-        limits = dataclasses.replace(trainer.limits(), max_turns=50, max_new_tokens=1500)  # whole oracle episodes
+        # oracle episodes up to dev's turn limit: what the agent could use on dev, no longer (cost is per token)
+        limits = dataclasses.replace(trainer.limits(dev=True), max_new_tokens=1500)
         demos = expert_rollouts(trainer.tokenizer, trainer.train_tasks, limits)
-        progress(f"start: {args.warm_start} supervised steps on {len(demos)} oracle episodes of the train split")
+        progress(
+            f"start: {args.warm_start} supervised steps of {args.warm_start_batch} on {len(demos)} oracle episodes "
+            f"of the train split (up to {limits.max_turns} turns)"
+        )
         losses = supervised_steps(
-            trainer.model, demos, trainer.pad_id, args.warm_start, args.warm_start_lr, batch_size=4, seed=args.seed
+            trainer.model,
+            demos,
+            trainer.pad_id,
+            args.warm_start,
+            args.warm_start_lr,
+            batch_size=args.warm_start_batch,
+            seed=args.seed,
         )
         start["warm_start_s"] = round(time.perf_counter() - t0, 1)
         start["warm_start_loss"] = [round(x, 4) for x in (losses[0], losses[-1])]
@@ -330,7 +343,8 @@ def docs_section(
     starting = f"Base model dev TGC {start['base']['dev_tgc']:.1f} (SGC {start['base']['dev_sgc']:.1f})."
     if start["warm_start_steps"]:
         starting += (
-            f" Warm start ({start['warm_start_steps']} supervised steps on the train split's oracle episodes, "
+            f" Warm start ({start['warm_start_steps']} supervised steps of {args.warm_start_batch} of the train "
+            f"split's oracle episodes (up to {args.dev_max_turns} turns), "
             f"lr {args.warm_start_lr:g}, {start['warm_start_s']:.0f} s): dev TGC {start['start']['dev_tgc']:.1f} "
             f"(SGC {start['start']['dev_sgc']:.1f}); every algorithm starts there."
         )
@@ -391,6 +405,7 @@ def main() -> None:
     ap.add_argument("--dev-max-turns", type=int, default=None, help="turn limit on dev")
     ap.add_argument("--lr", type=float, default=LoopConfig.lr, help="AdamW learning rate (LoopConfig's default)")
     ap.add_argument("--warm-start", type=int, default=0, help="supervised steps on oracle episodes first (0: none)")
+    ap.add_argument("--warm-start-batch", type=int, default=4, help="oracle episodes per warm-start step")
     ap.add_argument("--warm-start-lr", type=float, default=1e-3, help="learning rate of the warm start")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--plot", type=Path, default=DEFAULT_PLOT, help=f"PNG to write (default {DEFAULT_PLOT})")
@@ -427,7 +442,7 @@ def main() -> None:
     result = {
         "model": model_dir.name,
         "quick": args.quick,
-        "config": {name: getattr(args, name) for name in [*PRESETS, "lr", "seed", "warm_start", "warm_start_lr"]},
+        "config": {name: getattr(args, name) for name in [*PRESETS, *OPTIONS]},
         "base_dev_tgc": start["base"]["dev_tgc"],
         "start_dev_tgc": start["start"]["dev_tgc"],
         "warm_start_s": start.get("warm_start_s"),

@@ -45,8 +45,13 @@ def supervised_steps(
     batch_size: int = 4,
     seed: int = 0,
     chunk: int = 512,
+    micro_tokens: int = 4096,
 ) -> list[float]:
-    """`steps` AdamW steps of -mean log p(agent tokens); returns the loss of each step."""
+    """`steps` AdamW steps of -mean log p(agent tokens); returns the loss of each step.
+
+    A step's sequences go through the model in micro-batches of at most `micro_tokens` padded tokens
+    (one sequence alone when it is longer), gradients accumulated: activations, not the batch size,
+    bound memory (a whole oracle episode is thousands of tokens)."""
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     rng = random.Random(seed)
@@ -54,14 +59,30 @@ def supervised_steps(
     losses = []
     model.train()
     for _ in range(steps):
-        batch = collate(rng.sample(list(rollouts), min(batch_size, len(rollouts))), pad_id).to(device)
-        logp = sequence_logprobs(model, batch.input_ids, batch.attention_mask, chunk, target_mask=batch.agent_mask)
-        mask = batch.agent_mask
-        loss = -((logp * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)).mean()
+        picked = rng.sample(list(rollouts), min(batch_size, len(rollouts)))
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        total = 0.0
+        for micro in _micro_batches(picked, micro_tokens):
+            batch = collate(micro, pad_id).to(device)
+            mask = batch.agent_mask
+            logp = sequence_logprobs(model, batch.input_ids, batch.attention_mask, chunk, target_mask=mask)
+            per_seq = (logp * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)
+            loss = -per_seq.sum() / len(picked)  # this micro-batch's share of the step's mean
+            loss.backward()
+            total += float(loss.detach())
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
-        losses.append(float(loss.detach()))
+        losses.append(total)
     model.eval()
     return losses
+
+
+def _micro_batches(rollouts: Sequence[Rollout], micro_tokens: int) -> list[list[Rollout]]:
+    """Consecutive groups (by length) whose padded size stays within `micro_tokens`."""
+    groups: list[list[Rollout]] = []
+    for r in sorted(rollouts, key=lambda r: len(r.token_ids)):
+        if groups and len(r.token_ids) * (len(groups[-1]) + 1) <= micro_tokens:
+            groups[-1].append(r)
+        else:
+            groups.append([r])
+    return groups
