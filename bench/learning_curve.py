@@ -71,6 +71,7 @@ SERIES = (
     "reward_mean",
     "success_rate",
     "kept",
+    "rollouts",
     "iteration_s",
     "rollout_s",
     "update_s",
@@ -312,19 +313,28 @@ def plot(runs: dict[str, dict[str, Any]], start: dict[str, Any], dev_tasks: int,
     plt.close(fig)
 
 
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
 def finding(runs: dict[str, dict[str, Any]], start: dict[str, Any], dev_tasks: int) -> str:
     """One plain sentence (or two) about what the curves show, sized against one dev task's worth of TGC."""
     step = 100.0 / dev_tasks
     first = start["start"]["dev_tgc"]
     moved = {a: r for a, r in runs.items() if any(abs(p["dev_tgc"] - first) > 1e-9 for p in r["points"])}
     spent = ", ".join(
-        f"{LABELS[a]} {r['iterations']} iteration{'s' if r['iterations'] != 1 else ''} / {r['train_s']:.0f} s"
+        f"{LABELS[a]} {plural(r['iterations'], 'iteration')} / {r['train_s']:.0f} s" for a, r in runs.items()
+    )
+    kept = "; ".join(
+        f"{LABELS[a]} kept {sum(p['kept'] for p in r['points'][1:])} of {sum(p['rollouts'] for p in r['points'][1:])} "
+        f"rollouts ({plural(sum(1 for p in r['points'][1:] if p['kept']), 'update')})"
         for a, r in runs.items()
     )
     if not moved:
         return (
             f"No measurable change within this budget: every algorithm stayed at the start's dev TGC of "
-            f"{first:.1f} after its training ({spent}). With {dev_tasks} dev tasks one task is {step:.1f} points."
+            f"{first:.1f} after its training ({spent}). With {dev_tasks} dev tasks one task is {step:.1f} points. "
+            f"Rollouts with a non-zero advantage: {kept}."
         )
     finals = "; ".join(
         f"{LABELS[a]} {first:.1f} → {r['final_dev_tgc']:.1f} (best {max(p['dev_tgc'] for p in r['points']):.1f})"
@@ -332,14 +342,22 @@ def finding(runs: dict[str, dict[str, Any]], start: dict[str, Any], dev_tasks: i
     )
     return (
         f"Dev TGC from the same start ({spent}): {finals}. With {dev_tasks} dev tasks one task is {step:.1f} points, "
-        f"so differences of a task or two are within the noise of this evaluation."
+        f"so differences of a task or two are within the noise of this evaluation. Rollouts with a non-zero "
+        f"advantage: {kept}."
+    )
+
+
+def command() -> str:
+    """This run's command line, less the output-only flags."""
+    return "python bench/learning_curve.py" + "".join(
+        f" {shlex.quote(a)}" for a in sys.argv[1:] if a not in ("--write-docs", "--json")
     )
 
 
 def docs_section(
     args: argparse.Namespace, runs: dict[str, Any], start: dict[str, Any], model: str, plot_path: Path
 ) -> str:
-    cmd = "python bench/learning_curve.py" + "".join(f" {shlex.quote(a)}" for a in sys.argv[1:] if a != "--write-docs")
+    cmd = command()
     starting = f"Base model dev TGC {start['base']['dev_tgc']:.1f} (SGC {start['base']['dev_sgc']:.1f})."
     if start["warm_start_steps"]:
         starting += (
@@ -443,8 +461,11 @@ def main() -> None:
         "model": model_dir.name,
         "quick": args.quick,
         "config": {name: getattr(args, name) for name in [*PRESETS, *OPTIONS]},
+        "command": command(),
         "base_dev_tgc": start["base"]["dev_tgc"],
+        "base_dev_sgc": start["base"]["dev_sgc"],
         "start_dev_tgc": start["start"]["dev_tgc"],
+        "start_dev_sgc": start["start"]["dev_sgc"],
         "warm_start_s": start.get("warm_start_s"),
         "warm_start_loss": start.get("warm_start_loss"),  # first and last step
         "load_avg_1min": start["load_avg"],
