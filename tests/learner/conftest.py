@@ -38,8 +38,8 @@ def lights_plugin(tmp_path, monkeypatch):
 
 
 def warm_start(tiny_model_dir, world, steps=WARM_START_STEPS):
-    """Supervised on expert turns, half of them the wrong action (turn the lights off): the policy
-    starts out taking either, and LOOP must find which one is rewarded."""
+    """Supervised on expert turns, two thirds of them the wrong action (turn the lights off): the
+    policy starts out taking either, mostly the wrong one, and LOOP must find which one is rewarded."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -53,7 +53,7 @@ def warm_start(tiny_model_dir, world, steps=WARM_START_STEPS):
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     tasks = world_tasks(world, "train")
     wrong = [dataclasses.replace(t, expert=lambda: [ToolCall("lights", "turn_off", {})]) for t in tasks]
-    demos = expert_rollouts(tok, tasks + wrong, Limits(max_turns=1))
+    demos = expert_rollouts(tok, tasks + wrong + wrong, Limits(max_turns=1))
     losses = supervised_steps(model, demos, tok.eos_token_id, steps=steps, lr=1e-2, batch_size=4)
     assert losses[-1] < losses[0] / 4  # it learnt the two answers
     return model, tok
@@ -62,7 +62,7 @@ def warm_start(tiny_model_dir, world, steps=WARM_START_STEPS):
 @pytest.fixture(scope="session")
 def lights_model_dir(model_cache, tiny_model_dir):
     """The warm-started tiny model saved as a model directory (built once, cached between runs)."""
-    path = model_cache / f"lights-warm-v1-{WARM_START_STEPS}"
+    path = model_cache / f"lights-warm-v2-{WARM_START_STEPS}"
     if not (path / "config.json").exists():
         model, tok = warm_start(tiny_model_dir, LightsWorld())
         tmp = path.with_name(path.name + ".tmp")
