@@ -92,8 +92,7 @@ def sequence_logprobs(
     PEFT-wrapped one (the output layer is not adapted). With `target_mask` (B, T-1), the output layer
     runs only where it is 1 (the agent's tokens) and other positions are 0: a long prompt costs one
     decoder pass, not a vocabulary-sized product per position."""
-    decoder = model.get_decoder()
-    hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state  # (B,T,H)
+    hidden = _decoder_hidden(model.get_decoder(), input_ids, attention_mask)  # (B, T, H)
     weight = model.get_output_embeddings().weight  # (V, H)
     hidden, targets = hidden[:, :-1], input_ids[:, 1:]
     if target_mask is None:
@@ -104,6 +103,39 @@ def sequence_logprobs(
     )[0]  # (n,)
     out = torch.zeros(targets.shape, dtype=picked.dtype, device=picked.device)
     return out.index_put((rows, cols), picked)
+
+
+SHARED_OPENING_MIN_TOKENS = 16  # below this, running the opening apart saves less than it costs
+
+
+def shared_opening(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> int:
+    """How many leading tokens every row has in common (and attends to): rollouts open with the same
+    system prompt and worked example, often the same instruction."""
+    same = (input_ids == input_ids[:1]).all(dim=0)
+    if attention_mask is not None:
+        same &= attention_mask.bool().all(dim=0)
+    return int(same.long().cumprod(dim=0).sum())
+
+
+def _decoder_hidden(decoder: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    """The decoder's last hidden states. When the rows share an opening, it runs once (batch 1) and every
+    row's remainder attends to its keys/values: the same function, so the same values and gradients (they
+    flow back through the shared keys/values and add up), at a fraction of the cost when the opening
+    is most of each sequence."""
+    B, T = input_ids.shape
+    opening = min(shared_opening(input_ids, attention_mask), T - 1) if B > 1 else 0
+    if opening < SHARED_OPENING_MIN_TOKENS:
+        return decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+    from transformers import DynamicCache
+
+    first = decoder(input_ids=input_ids[:1, :opening], use_cache=True)
+    shared = first.cache if hasattr(first, "cache") else first.past_key_values
+    kv = [(lay.keys.expand(B, -1, -1, -1), lay.values.expand(B, -1, -1, -1)) for lay in shared.layers]
+    mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
+    rest = decoder(
+        input_ids=input_ids[:, opening:], attention_mask=mask, cache=DynamicCache(ddp_cache_data=kv)
+    ).last_hidden_state
+    return torch.cat([first.last_hidden_state.expand(B, -1, -1), rest], dim=1)
 
 
 def naive_sequence_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

@@ -137,7 +137,8 @@ def update(
         rng.shuffle(order)  # the same rng on every process: the same minibatches everywhere
         for mb_start in range(0, len(order), config.minibatch_size):
             minibatch = order[mb_start : mb_start + config.minibatch_size]
-            mine = minibatch[rank::world]
+            # rollouts of one task side by side: a micro-batch of them runs their common prompt once
+            mine = sorted(minibatch[rank::world], key=lambda i: rollouts[i].task_ref)
             optimizer.zero_grad(set_to_none=True)
             kls, clips, losses = [], [], []
             for micro_start in range(0, len(mine), config.micro_batch_size):

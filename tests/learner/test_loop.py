@@ -168,3 +168,40 @@ def test_selected_positions_equal_the_full_computation(tiny_model_dir):
     picked = sequence_logprobs(model, ids, attn, chunk=7, target_mask=select)
     assert torch.allclose(picked[select.bool()], full[select.bool()], atol=1e-5)
     assert (picked[~select.bool()] == 0).all()
+
+
+def test_shared_opening_gives_the_same_logprobs_and_gradients(tiny_model_dir):
+    """Rows that open the same way run the opening once; values and LoRA gradients equal row-by-row."""
+    from transformers import AutoModelForCausalLM
+
+    from agentloop.learner.config import LoopConfig
+    from agentloop.learner.loop import shared_opening
+    from agentloop.learner.trainer import lora_model
+
+    torch.manual_seed(0)
+    model = lora_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir), LoopConfig(lora_r=4, lora_alpha=8), None)
+    for p in model.parameters():  # a trained adapter, not the identity: B != 0
+        if p.requires_grad:
+            p.data.normal_(0, 0.05)
+    ids = torch.randint(0, 1000, (3, 40))
+    ids[:, :24] = ids[0, :24]
+    ids[1, 24], ids[2, 24] = (ids[0, 24] + 1) % 1000, (ids[0, 24] + 2) % 1000
+    mask = torch.ones_like(ids)
+    mask[2, 33:] = 0  # right padding
+    assert shared_opening(ids, mask) == 24
+    lora = [p for p in model.parameters() if p.requires_grad]
+
+    def run(rows):
+        for p in lora:
+            p.grad = None
+        out = [sequence_logprobs(model, ids[r], mask[r], chunk=16) for r in rows]
+        logp = torch.cat(out)
+        (logp[:, :-8] * mask[:, 1:-8]).sum().backward()  # the opening's and the remainders' positions
+        return logp.detach(), [p.grad.clone() for p in lora]
+
+    shared, g_shared = run([slice(0, 3)])
+    alone, g_alone = run([slice(i, i + 1) for i in range(3)])
+    valid = mask[:, 1:].bool()
+    torch.testing.assert_close(shared[valid], alone[valid], rtol=1e-4, atol=1e-5)
+    for a, b in zip(g_shared, g_alone, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-6)
