@@ -438,8 +438,9 @@ class Child:
 
     def trl(self) -> dict[str, Any]:
         from datasets import Dataset
-        from peft import LoraConfig
         from trl import GRPOConfig, GRPOTrainer
+
+        from agentloop.learner.trainer import lora_config
 
         config = self.loop_config()
 
@@ -494,21 +495,13 @@ class Child:
                 save_strategy="no",
                 seed=0,
             )
-            lora = LoraConfig(
-                r=config.lora_r,
-                lora_alpha=config.lora_alpha,
-                target_modules=list(config.lora_targets),
-                lora_dropout=0.0,
-                bias="none",
-                task_type="CAUSAL_LM",
-            )
             trainer = PreparedGRPOTrainer(
                 model=self.model,
                 reward_funcs=no_reward,  # never called: nothing is generated
                 args=args,
                 train_dataset=Dataset.from_dict({"prompt": ["-"] * self.n}),
                 processing_class=self.tokenizer,
-                peft_config=lora,
+                peft_config=lora_config(config),
             )
             trainer.create_optimizer()
             model, optimizer = trainer.model, trainer.optimizer

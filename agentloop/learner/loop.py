@@ -128,9 +128,10 @@ def _decoder_hidden(decoder: Any, input_ids: torch.Tensor, attention_mask: torch
         return decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
     from transformers import DynamicCache
 
+    from agentloop.policy.models import output_cache
+
     first = decoder(input_ids=input_ids[:1, :opening], use_cache=True)
-    shared = first.cache if hasattr(first, "cache") else first.past_key_values
-    kv = [(lay.keys.expand(B, -1, -1, -1), lay.values.expand(B, -1, -1, -1)) for lay in shared.layers]
+    kv = [(lay.keys.expand(B, -1, -1, -1), lay.values.expand(B, -1, -1, -1)) for lay in output_cache(first).layers]
     mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
     rest = decoder(
         input_ids=input_ids[:, opening:], attention_mask=mask, cache=DynamicCache(ddp_cache_data=kv)

@@ -81,15 +81,11 @@ def advantages_for(groups: list[list[rollouts.Rollout]], config: LoopConfig) -> 
 # --- the model -----------------------------------------------------------------------------------
 
 
-def lora_model(base: Any, config: LoopConfig, init_from: str | None) -> Any:
-    """The one model in memory: the base with a trainable LoRA adapter (from `init_from`, or fresh)."""
-    from peft import LoraConfig, PeftModel, get_peft_model
+def lora_config(config: LoopConfig) -> Any:
+    """PEFT's description of the adapter a LoopConfig asks for."""
+    from peft import LoraConfig
 
-    for p in base.parameters():
-        p.requires_grad_(False)
-    if init_from is not None:
-        return PeftModel.from_pretrained(base, init_from, is_trainable=True)
-    lora = LoraConfig(
+    return LoraConfig(
         r=config.lora_r,
         lora_alpha=config.lora_alpha,
         target_modules=list(config.lora_targets),
@@ -97,7 +93,17 @@ def lora_model(base: Any, config: LoopConfig, init_from: str | None) -> Any:
         bias="none",
         task_type="CAUSAL_LM",
     )
-    return get_peft_model(base, lora)
+
+
+def lora_model(base: Any, config: LoopConfig, init_from: str | None) -> Any:
+    """The one model in memory: the base with a trainable LoRA adapter (from `init_from`, or fresh)."""
+    from peft import PeftModel, get_peft_model
+
+    for p in base.parameters():
+        p.requires_grad_(False)
+    if init_from is not None:
+        return PeftModel.from_pretrained(base, init_from, is_trainable=True)
+    return get_peft_model(base, lora_config(config))
 
 
 def _write_atomically(target: Path, write: Callable[[Path], None]) -> None:

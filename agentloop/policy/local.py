@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from agentloop.policy.base import Generation, GenerationRequest
-from agentloop.policy.models import load_model_and_tokenizer, resolve_model_dir
+from agentloop.policy.models import load_model_and_tokenizer, output_cache, resolve_model_dir
 from agentloop.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -192,7 +192,7 @@ class LocalPolicy:
         out = self.model(
             input_ids=ids, attention_mask=mask, position_ids=positions, cache=past, use_cache=True, logits_to_keep=1
         )
-        cache = out.cache if hasattr(out, "cache") else out.past_key_values
+        cache = output_cache(out)
         logits = out.logits[:, -1, :]  # (B, V)
         next_pos = torch.tensor([[len(r.context)] for r in reqs], device=device)  # (B, 1)
 
@@ -220,7 +220,7 @@ class LocalPolicy:
             out = self.model(
                 input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos, cache=cache, use_cache=True
             )
-            cache = out.cache if hasattr(out, "cache") else out.past_key_values
+            cache = output_cache(out)
             logits = out.logits[:, -1, :]
             next_pos = next_pos + 1
 
@@ -254,7 +254,7 @@ class LocalPolicy:
         opening = list(new[0].context[:common])
         ids = torch.tensor([opening], dtype=torch.long, device=self.model.device)
         out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1)
-        cache = out.cache if hasattr(out, "cache") else out.past_key_values
+        cache = output_cache(out)
         kv = [(layer.keys[0], layer.values[0]) for layer in cache.layers]
         self._shared[adapter] = _Prefix(opening, kv, adapter)
         return True

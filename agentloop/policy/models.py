@@ -82,6 +82,11 @@ def convert_gguf(gguf: Path, target: Path) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+def output_cache(out: Any) -> Any:
+    """The key/value cache a transformers forward returned (`cache`, formerly `past_key_values`)."""
+    return out.cache if hasattr(out, "cache") else out.past_key_values
+
+
 def pick_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
