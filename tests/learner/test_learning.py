@@ -36,6 +36,10 @@ def test_loop_raises_the_success_rate(sqlite_db, lights_world, lights_model_dir,
         dev_max_turns=1,
         lora_r=16,
         lora_alpha=32,
+        # The 2-layer model shares its few units between the answer and the tool-call syntax: pushed
+        # towards "turn_on" alone it starts writing "on" into the syntax too and every call breaks.
+        # The KL penalty to the warm start holds the syntax where it was.
+        kl_coef=0.1,
         seed=1,
     )
     model = lora_model(base, config, None)
@@ -48,9 +52,9 @@ def test_loop_raises_the_success_rate(sqlite_db, lights_world, lights_model_dir,
     history = trainer.run(trainer.setup())
     rates = [m["success/rate"] for m in history]
     print("success rate per iteration:", rates)
-    assert rates[0] <= 0.35, rates  # the warm start mostly takes the wrong action
+    assert rates[0] <= 0.4, rates  # the warm start mostly takes the wrong action (about 4 in 5)
     late = sum(rates[-3:]) / 3
-    assert late >= rates[0] + 0.15 and late >= 1.6 * rates[0], rates  # then it learns the rewarded one
+    assert late >= rates[0] + 0.2 and late >= 1.6 * rates[0], rates  # then it learns the rewarded one
     assert all(m["loss/approx_kl"] < config.kl_stop for m in history)
     with session_scope() as s:
         versions = s.query(Adapter).order_by(Adapter.version).all()
