@@ -4,7 +4,7 @@
         sample N training tasks (built-in world, resettable external apps, tasks clients sent)
         K rollouts each, from the same initial state, with the current weights   (rollouts.py)
         advantages: leave-one-out (or GRPO / REINFORCE), drop |A| < 0.01          (loop.py)
-        pi_old: the sampler's log-probs when it is this process, else recomputed
+        pi_old: the sampler's log-probs when it is this process (checked on a probe), else recomputed
         E epochs of clipped updates over shuffled minibatches                    (update.py)
         save adapter v(n+1) as a candidate; evaluate on dev; promote or reject   (adapters.py)
         checkpoint (adapter, optimizer, iteration, config) so a lost learner resumes here
@@ -393,15 +393,9 @@ class Trainer:
             batch = [r for r, _ in kept]
             advs = [a for _, a in kept]
             self.report({"phase": "updating", "iteration": i, "rollouts_kept": len(kept)})
-            learner_logps = compute_logprobs(
-                self.module, batch, self.pad_id, c.micro_batch_size, self.accelerator.device
-            )
-            gap = sampler_gap(learner_logps, batch)
+            old_logps, gap = self.old_logprobs(batch, others={id(item.rollout) for item in logged})
             metrics["sampler_learner_gap"] = gap
-            recompute = c.recompute_old_logprobs == "always" or (
-                c.recompute_old_logprobs == "auto" and (c.rollout_mode != "local" or gap > 1e-3)
-            )
-            metrics["old_logprobs_recomputed"] = float(recompute)
+            metrics["old_logprobs_recomputed"] = float(old_logps is not None)
             metrics.update(
                 update(
                     self.module,
@@ -409,7 +403,7 @@ class Trainer:
                     self.accelerator,
                     batch,
                     advs,
-                    learner_logps if recompute else None,
+                    old_logps,
                     c,
                     self.pad_id,
                     self.rng,
@@ -430,6 +424,25 @@ class Trainer:
         if c.promote and kept and self.accelerator.is_main_process:  # no update, no new version
             metrics.update(self.save_and_gate(i))
         return metrics
+
+    def old_logprobs(self, batch: list[rollouts.Rollout], others: set[int]) -> tuple[list[torch.Tensor] | None, float]:
+        """pi_old for the update and the measured sampler/learner gap. None: the sampler's numbers.
+
+        In `auto` with local rollouts the learner checks the gap on a probe (the rollouts it did not
+        sample itself, e.g. client episodes, plus one micro-batch of its own) and recomputes the
+        whole batch only when the probe shows a gap: a forward pass over the batch saved when the
+        sampler's numbers are the learner's."""
+        c = self.config
+        device = self.accelerator.device
+        if c.recompute_old_logprobs == "always" or (c.recompute_old_logprobs == "auto" and c.rollout_mode != "local"):
+            logps = compute_logprobs(self.module, batch, self.pad_id, c.micro_batch_size, device)
+            return logps, sampler_gap(logps, batch)
+        own = [r for r in batch if id(r) not in others]
+        probe = [r for r in batch if id(r) in others] + own[: c.micro_batch_size]
+        gap = sampler_gap(compute_logprobs(self.module, probe, self.pad_id, c.micro_batch_size, device), probe)
+        if c.recompute_old_logprobs == "never" or gap <= 1e-3:
+            return None, gap
+        return compute_logprobs(self.module, batch, self.pad_id, c.micro_batch_size, device), gap
 
     def save_and_gate(self, i: int) -> dict[str, Any]:
         if self.baseline_dev_tgc is None:  # nothing active yet: the bar is the base model

@@ -1,5 +1,7 @@
 """Episodes clients ran become training data; client feedback is their reward (learner/logged.py)."""
 
+import dataclasses
+
 import sqlalchemy as sa
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -8,6 +10,7 @@ from agentloop.agent import runner
 from agentloop.learner.config import LoopConfig
 from agentloop.learner.logged import feedback_advantages, logged_episodes
 from agentloop.learner.trainer import Trainer, lora_model
+from agentloop.learner.update import compute_logprobs, sampler_gap
 from agentloop.policy.local import LocalPolicy
 from agentloop.settings import get_settings
 from agentloop.store import episodes as episode_store
@@ -37,6 +40,19 @@ def serve(policy, tenant, task_ref=None, instruction="Turn the lights on.", apps
     assert runner.run_served_task(task_id, "w", policy, get_settings()) == "finished"
     with session_scope() as s:
         return task_id, s.scalar(sa.select(Episode.id).where(Episode.task_id == task_id))
+
+
+def make_trainer(config, model_dir):
+    torch.manual_seed(0)
+    model = lora_model(AutoModelForCausalLM.from_pretrained(model_dir), config, None)
+    with session_scope() as s:
+        run = TrainingRun(algo="loop", status="running", trigger="test", config=config.to_dict())
+        s.add(run)
+        s.flush()
+        run_id = run.id
+    trainer = Trainer(get_settings(), config, run_id, model=model, tokenizer=AutoTokenizer.from_pretrained(model_dir))
+    trainer.setup()
+    return trainer
 
 
 def feedback(task_id, episode_id, value):
@@ -101,15 +117,8 @@ def test_an_iteration_trains_on_client_episodes(sqlite_db, lights_world, lights_
         promote=False,
         seed=0,
     )
-    torch.manual_seed(0)
-    model = lora_model(AutoModelForCausalLM.from_pretrained(lights_model_dir), config, None)
-    with session_scope() as s:
-        run = TrainingRun(algo="loop", status="running", trigger="test", config=config.to_dict())
-        s.add(run)
-        s.flush()
-        run_id = run.id
-    trainer = Trainer(get_settings(), config, run_id, model=model, tokenizer=tok)
-    trainer.setup()
+    trainer = make_trainer(config, lights_model_dir)
+    run_id = trainer.run_id
     metrics = trainer.iteration(0)
     assert metrics["logged/replayed"] == 1 and metrics["logged/feedback_used"] == 5
     assert ep_id in trainer.logged_used and all(e in trainer.logged_used for _, e in free)
@@ -121,3 +130,32 @@ def test_an_iteration_trains_on_client_episodes(sqlite_db, lights_world, lights_
         )
     assert rollouts_of_task == 3
     assert trainer.logged_episodes() == []  # each client episode feeds a run once
+
+
+def test_old_logprobs_are_recomputed_only_when_the_probe_shows_a_gap(
+    sqlite_db, lights_world, lights_model_dir, configure_env
+):
+    configure_env(MODEL=str(lights_model_dir))
+    config = LoopConfig(
+        world="lights", tasks_per_iteration=2, rollouts_per_task=3, max_turns=1, max_new_tokens=24, micro_batch_size=2
+    )
+    trainer = make_trainer(config, lights_model_dir)
+    batch = [r for group in trainer.collect(0).values() for r in group]
+    assert len(batch) == 6
+    logps, gap = trainer.old_logprobs(batch, others=set())  # sampled here, by these weights
+    assert logps is None and gap < 1e-3
+
+    # a rollout another sampler produced (a client episode), whose numbers are off: the probe sees it
+    shifted = [x - 0.5 if x else 0.0 for x in batch[-1].sampler_logprobs]
+    client = dataclasses.replace(batch[-1], sampler_logprobs=shifted)
+    mixed = [*batch[:-1], client]
+    logps, gap = trainer.old_logprobs(mixed, others={id(client)})
+    assert logps is not None and len(logps) == len(mixed) and gap > 0.05
+    own = compute_logprobs(trainer.module, mixed, trainer.pad_id, 6, trainer.accelerator.device)
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(logps, own, strict=True))
+    assert sampler_gap(logps[:1], batch[:1]) < 1e-3  # the learner's numbers are the sampler's for its own
+
+    trainer.config = dataclasses.replace(config, recompute_old_logprobs="never")
+    assert trainer.old_logprobs(mixed, others={id(client)})[0] is None
+    trainer.config = dataclasses.replace(config, recompute_old_logprobs="always")
+    assert trainer.old_logprobs(batch, others=set())[0] is not None
