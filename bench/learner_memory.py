@@ -1,5 +1,5 @@
 """Learner memory and speed: one policy update on the same model and the same batch of synthetic rollouts,
-done four ways, each in fresh processes, plus the memory of chunked token log-probs.
+done five ways, each in fresh processes, plus the memory of chunked token log-probs.
 
     pip install -e '.[bench]'        # TRL, for the GRPOTrainer comparison
     python bench/learner_memory.py [--quick] [--json] [--write-docs] [--model smollm2-135m-instruct|DIR|random]
@@ -9,8 +9,8 @@ agent turns alternate with observations and the agent's tokens are about half of
 are random, advantages leave-one-out; the sampler's log-probs are the model's own (the fresh LoRA adapter
 is the identity), so pi_old needs no extra forward in any configuration. Every configuration uses the
 same LoRA (r 16, alpha 32 on q,k,v,o,gate,up,down, seeded the same), AdamW (lr 5e-5, weight decay 0.01),
-grad-norm clip 1.0, fp32, no gradient checkpointing, and micro-batches of M rollouts accumulated into one
-optimizer step over the whole batch. What is timed, per update:
+grad-norm clip 1.0, fp32, no activation checkpointing (but in loop_ckpt), and micro-batches of M
+rollouts accumulated into one optimizer step over the whole batch. What is timed, per update:
 
   loop  agentloop's `update()` (LoopConfig, one epoch, one minibatch = the batch): collate, chunked
         log-probs over the agent's tokens, clipped loss, backward per micro-batch, grad clip, AdamW step.
@@ -30,6 +30,8 @@ optimizer step over the whole batch. What is timed, per update:
         completion_ids, masks, tool_mask = agent tokens, advantages, old_per_token_logps = the sampler's).
         Timed: `GRPOTrainer.training_step` on each micro-batch (TRL's `_compute_loss` with its fused LM
         head, and the backward), then grad clip and the optimizer step, as `Trainer.train` does.
+  loop_ckpt  loop with LoopConfig(activation_checkpointing=True): each decoder layer recomputed in backward
+        (rows run whole: the shared-opening forward needs the layers' caches, which a replay would drop).
 
 tokens/s: the batch's tokens (N x T; every position goes through forward and backward) / seconds of one
 update, median over repeats after a warm-up update on one micro-batch. One torch thread per process by
@@ -71,7 +73,7 @@ from agentloop.learner.config import LoopConfig
 
 from report import emit, machine, write_section
 
-UPDATES = ("loop", "sft", "ppo", "trl")
+UPDATES = ("loop", "sft", "ppo", "trl", "loop_ckpt")
 CHILDREN = (*UPDATES, "logprob_chunked", "logprob_naive")
 # Memory processes: glibc maps every allocation of 128 KiB or more and unmaps it when freed, so peak RSS
 # follows the peak of live memory. By default the threshold moves and freed memory is kept for reuse:
@@ -283,14 +285,14 @@ class Child:
         self.n = len(self.rollouts)
         self.micro = spec["micro_batch"]
 
-    def loop_config(self) -> LoopConfig:
-        return LoopConfig(epochs=1, minibatch_size=self.n, micro_batch_size=self.micro)
+    def loop_config(self, **overrides: Any) -> LoopConfig:
+        return LoopConfig(epochs=1, minibatch_size=self.n, micro_batch_size=self.micro, **overrides)
 
-    def lora(self, base: Any) -> Any:
+    def lora(self, base: Any, config: LoopConfig | None = None) -> Any:
         from agentloop.learner.trainer import lora_model
 
         torch.manual_seed(0)  # the same adapter initialisation in every configuration
-        return lora_model(base, self.loop_config(), None)
+        return lora_model(base, config or self.loop_config(), None)
 
     def timed(self, step: Callable[[list[int]], float]) -> dict[str, Any]:
         """A warm-up update on one micro-batch, then `repeats` updates on the whole batch (one in a memory
@@ -320,13 +322,13 @@ class Child:
 
     # --- configurations
 
-    def loop(self) -> dict[str, Any]:
+    def loop(self, **overrides: Any) -> dict[str, Any]:
         from accelerate import Accelerator
 
         from agentloop.learner.update import LogprobModel, update
 
-        config = self.loop_config()
-        model = self.lora(self.model)
+        config = self.loop_config(**overrides)
+        model = self.lora(self.model, config)
         module = LogprobModel(model, config.logprob_chunk)
         accelerator = Accelerator(cpu=True)
         params = [p for p in model.parameters() if p.requires_grad]
@@ -342,6 +344,9 @@ class Child:
             return float(metrics["loss/grad_norm"])
 
         return self.timed(step)
+
+    def loop_ckpt(self) -> dict[str, Any]:
+        return self.loop(activation_checkpointing=True)
 
     def sft(self) -> dict[str, Any]:
         from agentloop.learner.loop import sequence_logprobs
@@ -685,6 +690,9 @@ def main() -> None:
         "loop_trl_mem_ratio": ratio(inc["loop"], inc["trl"]),
         "loop_ppo_mem_ratio": ratio(inc["loop"], inc["ppo"]),
         "loop_ppo_tps_ratio": ratio(tps["loop"], tps["ppo"]),
+        # the same update with activation checkpointing (LoopConfig.activation_checkpointing) / without
+        "ckpt_loop_mem_ratio": ratio(inc["loop_ckpt"], inc["loop"]),
+        "ckpt_loop_tps_ratio": ratio(tps["loop_ckpt"], tps["loop"]),
         # the same over CPU time: with one thread, steadier than wall time when other work shares the cores
         **{f"loop_{n}_cpu_tps_ratio": ratio(cpu_tps["loop"], cpu_tps[n]) for n in ("sft", "trl", "ppo")},
         "logprob_mem_ratio": ratio(inc["logprob_chunked"], inc["logprob_naive"]),
@@ -730,9 +738,9 @@ def main() -> None:
 
 def summary(r: dict[str, Any]) -> str:
     lines = [f"model {r['model']}; batch {r['batch']}"]
-    for name in ("loop", "sft", "ppo", "trl"):
+    for name in UPDATES:
         lines.append(
-            f"  {name:4s} {r['tokens_per_s'][name]:8.2f} tokens/s  peak {r['peak_mb'][name]:7.0f} MB"
+            f"  {name:9s} {r['tokens_per_s'][name]:8.2f} tokens/s  peak {r['peak_mb'][name]:7.0f} MB"
             f"  (+{r['increment_mb'][name]:.0f} MB over the loaded process's {r['loaded_mb']:.0f} MB)"
         )
     lines += [f"  {k} = {r[k]}: {v}" for k, v in r["targets"].items()]
@@ -747,6 +755,7 @@ def write_docs(r: dict[str, Any]) -> None:
         "sft": "supervised LoRA: -mean log p(agent tokens), same log-prob code",
         "ppo": "PPO: + frozen reference copy, + value model (base copy, LoRA, scalar head), GAE",
         "trl": f"TRL {r['trl_version']} `GRPOTrainer`, LOOP's objective, generation skipped",
+        "loop_ckpt": "LOOP with `activation_checkpointing` (layers recomputed in backward)",
     }
     table = "\n".join(
         f"| {label} | {r['tokens_per_s'][n]} | {r['tokens_per_cpu_s'][n]} | {r['peak_mb'][n]:.0f} |"
@@ -774,9 +783,10 @@ def write_docs(r: dict[str, Any]) -> None:
 ## Learner memory and speed (`bench/learner_memory.py`)
 
 `{cmd}` on {machine()}; model `{r["model"]}`, fp32, LoRA r16 alpha 32 on
-q,k,v,o,gate,up,down, AdamW, no gradient checkpointing. Batch: {b["rollouts"]} synthetic rollouts x
-{b["tokens_per_rollout"]} tokens (groups of {b["group"]}, {b["turns"]} agent turns, {agent_pct}% agent tokens){quick},
-micro-batches of {b["micro_batch"]}, one optimizer step per update. tokens/s = the batch's tokens / seconds of
+q,k,v,o,gate,up,down, AdamW, no activation checkpointing except in the last row. Batch:
+{b["rollouts"]} synthetic rollouts x {b["tokens_per_rollout"]} tokens (groups of {b["group"]}, {b["turns"]} agent
+turns, {agent_pct}% agent tokens){quick}, micro-batches of {b["micro_batch"]}, one optimizer step per update.
+tokens/s = the batch's tokens / seconds of
 one update (median of {b["repeats"]}, after a warm-up); per CPU-second = the same over the process's CPU time.
 Memory comes from a second process per configuration with glibc's mmap threshold fixed
 (`MALLOC_MMAP_THRESHOLD_=131072`: freed tensors leave the RSS): it loads the same libraries, model and batch
@@ -801,6 +811,11 @@ the reference log-probs and the old values. TRL's fused LM head, on CPU, project
 sequence (prompt and observations too, masked afterwards) and also computes the entropy; LOOP's runs the
 output layer over the agent's tokens only. The supervised step and LOOP differ only by the clipped
 ratio's elementwise terms.
+
+Activation checkpointing keeps each decoder layer's input and recomputes the layer in backward: LOOP's
+update with it takes {r["ckpt_loop_mem_ratio"]} of the memory and runs at {r["ckpt_loop_tps_ratio"]} of the
+tokens/s of the update without it. Besides the recompute, it gives up the shared-opening forward (rows run
+whole), which this batch's groups would otherwise use. The saving grows with the tokens in a micro-batch.
 
 Token log-probs of one {r["logprob_tokens"]}-token sequence, forward only under `no_grad`, every position:
 chunked `sequence_logprobs` +{r["increment_mb"]["logprob_chunked"]:.0f} MB ({r["logprob_seconds"]["chunked"]} s),

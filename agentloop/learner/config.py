@@ -45,6 +45,10 @@ class LoopConfig:
     kl_coef: float = field(default=0.0, metadata={"help": "lambda of a KL penalty to the adapter-free model"})
     max_grad_norm: float = field(default=1.0, metadata={"help": "gradient-norm clip"})
     kl_stop: float = field(default=20.0, metadata={"help": "stop the iteration's updates above this KL estimate"})
+    activation_checkpointing: bool = field(
+        default=False,
+        metadata={"help": "recompute layer activations in backward: less memory on long rollouts, more compute"},
+    )
     logprob_chunk: int = field(default=512, metadata={"help": "positions per log-prob chunk"})
     recompute_old_logprobs: Literal["auto", "always", "never"] = field(
         default="auto", metadata={"help": "recompute pi_old with the learner (auto: unless sampled by it)"}

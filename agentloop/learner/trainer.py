@@ -102,8 +102,12 @@ def lora_model(base: Any, config: LoopConfig, init_from: str | None) -> Any:
     for p in base.parameters():
         p.requires_grad_(False)
     if init_from is not None:
-        return PeftModel.from_pretrained(base, init_from, is_trainable=True)
-    return get_peft_model(base, lora_config(config))
+        model = PeftModel.from_pretrained(base, init_from, is_trainable=True)
+    else:
+        model = get_peft_model(base, lora_config(config))
+    if config.activation_checkpointing:
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    return model
 
 
 def _write_atomically(target: Path, write: Callable[[Path], None]) -> None:

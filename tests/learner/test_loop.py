@@ -205,3 +205,38 @@ def test_shared_opening_gives_the_same_logprobs_and_gradients(tiny_model_dir):
     torch.testing.assert_close(shared[valid], alone[valid], rtol=1e-4, atol=1e-5)
     for a, b in zip(g_shared, g_alone, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-6)
+
+
+def test_activation_checkpointing_recomputes_layers_and_gives_the_same_gradients(tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    from agentloop.learner.config import LoopConfig
+    from agentloop.learner.trainer import lora_model
+
+    ids = torch.randint(0, 1000, (3, 40), generator=torch.Generator().manual_seed(0))
+    ids[:, :24] = ids[0, :24]  # a shared opening: the checkpointed forward runs rows whole instead
+    mask = torch.ones_like(ids)
+
+    def run(checkpointing):
+        config = LoopConfig(lora_r=4, lora_alpha=8, activation_checkpointing=checkpointing)
+        torch.manual_seed(0)
+        model = lora_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir), config, None)
+        lora = [p for p in model.parameters() if p.requires_grad]
+        for p in lora:
+            p.data.normal_(0, 0.05, generator=torch.Generator().manual_seed(p.numel()))
+        attention_calls = []
+        layer = model.get_decoder().layers[0]
+        layer.self_attn.register_forward_hook(lambda *_: attention_calls.append(1))
+        model.train()
+        logp = sequence_logprobs(model, ids, mask, chunk=16)
+        in_forward = len(attention_calls)
+        logp.sum().backward()
+        return logp.detach(), [p.grad.clone() for p in lora], (in_forward, len(attention_calls) - in_forward)
+
+    plain, g_plain, calls_plain = run(False)
+    ckpt, g_ckpt, calls_ckpt = run(True)
+    assert calls_plain == (2, 0)  # the shared opening, then the rows' remainders; nothing in backward
+    assert calls_ckpt == (1, 1)  # the rows whole, then once more in backward
+    torch.testing.assert_close(ckpt, plain, rtol=1e-4, atol=1e-5)
+    for a, b in zip(g_ckpt, g_plain, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-6)
