@@ -18,6 +18,8 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import typer
@@ -121,12 +123,42 @@ def grpc_command(
     asyncio.run(serve_api(settings, host, None, port))
 
 
-def _start_embedded_worker(settings: Settings) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "agentloop.cli", "worker", "--pool", "threads", "--concurrency", "2", "--beat"]
-    proc = subprocess.Popen(cmd, env=os.environ.copy())
-    log.info("embedded worker started (pid %d)", proc.pid)
+class EmbeddedWorker:
+    """The worker (with beat) that `serve` runs as a child process with the embedded broker. If it exits,
+    it is started again (after 1 s, doubling up to 30 s while it keeps dying young): queued tasks wait in
+    the broker meanwhile, and the lease sweeper re-dispatches the ones it was running."""
 
-    def stop() -> None:
+    CMD = ("-m", "agentloop.cli", "worker", "--pool", "threads", "--concurrency", "2", "--beat")
+
+    def __init__(self) -> None:
+        self.stopping = threading.Event()
+        self.proc = self._spawn()
+        threading.Thread(target=self._watch, name="embedded-worker", daemon=True).start()
+        atexit.register(self.stop)
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen([sys.executable, *self.CMD], env=os.environ.copy())
+        log.info("embedded worker started (pid %d)", proc.pid)
+        return proc
+
+    def _watch(self) -> None:
+        delay = 1.0
+        while True:
+            started = time.monotonic()
+            code = self.proc.wait()
+            if self.stopping.is_set():
+                return
+            if time.monotonic() - started > 60:
+                delay = 1.0
+            log.error("embedded worker (pid %d) exited with code %s; restarting in %.0f s", self.proc.pid, code, delay)
+            if self.stopping.wait(delay):
+                return
+            self.proc = self._spawn()
+            delay = min(delay * 2, 30.0)
+
+    def stop(self) -> None:
+        self.stopping.set()
+        proc = self.proc
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
             try:
@@ -134,8 +166,13 @@ def _start_embedded_worker(settings: Settings) -> subprocess.Popen[bytes]:
             except subprocess.TimeoutExpired:
                 proc.kill()
 
-    atexit.register(stop)
-    return proc
+
+def _start_embedded_worker(settings: Settings) -> EmbeddedWorker:
+    from agentloop.worker.celery_app import app as celery_app
+    from agentloop.worker.celery_app import declare_queues
+
+    declare_queues(celery_app)  # before this process publishes and the worker consumes
+    return EmbeddedWorker()
 
 
 @app.command()
@@ -149,7 +186,10 @@ def worker(
     settings = _setup()
     _migrate_if_embedded(settings)
     from agentloop.worker.celery_app import app as celery_app
+    from agentloop.worker.celery_app import declare_queues
 
+    if settings.broker_is_embedded:
+        declare_queues(celery_app)
     argv = [
         "worker",
         f"--queues={queues}",

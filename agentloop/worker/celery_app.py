@@ -6,6 +6,8 @@ Start a worker with `agentloop worker` (or `celery -A agentloop.worker.celery_ap
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import Any
 
 from celery import Celery
@@ -14,6 +16,7 @@ from kombu import Exchange, Queue, pools
 from agentloop.settings import Settings, get_settings
 
 QUEUES = ("episodes", "rollouts", "learner", "maintenance")
+log = logging.getLogger(__name__)
 
 
 def create_celery(settings: Settings) -> Celery:
@@ -71,6 +74,26 @@ def configure(app: Celery, settings: Settings) -> None:
         pools.reset()  # close and forget kombu's process-wide pools built for the old broker
         app._pool = None
         app.amqp._producer_pool = None
+
+
+def declare_queues(celery: Celery, attempts: int = 5) -> None:
+    """Create every queue in the broker now. kombu's SQL transport creates a queue's row on first use
+    with a check-then-insert that only a lock inside one process guards: the API publishing a task while
+    the worker starts consuming can insert the same row twice, and the worker that loses exits at
+    start-up. Declared once before they start, the rows exist and nobody inserts; an attempt that loses
+    such a race itself is retried (the next one finds the row)."""
+    for attempt in range(1, attempts + 1):
+        try:
+            with celery.connection_for_write() as conn:
+                channel = conn.default_channel
+                for queue in celery.conf.task_queues:
+                    queue.bind(channel).declare()
+            return
+        except Exception as exc:  # the transport's own error types differ by broker
+            if attempt == attempts:
+                raise
+            log.warning("declaring the broker's queues failed (%s); retrying", exc)
+            time.sleep(0.2 * attempt)
 
 
 app = create_celery(get_settings())
