@@ -132,6 +132,7 @@ class EmbeddedWorker:
 
     def __init__(self) -> None:
         self.stopping = threading.Event()
+        self.lock = threading.Lock()  # stop() and a restart never cross: no worker is left behind
         self.proc = self._spawn()
         threading.Thread(target=self._watch, name="embedded-worker", daemon=True).start()
         atexit.register(self.stop)
@@ -153,12 +154,16 @@ class EmbeddedWorker:
             log.error("embedded worker (pid %d) exited with code %s; restarting in %.0f s", self.proc.pid, code, delay)
             if self.stopping.wait(delay):
                 return
-            self.proc = self._spawn()
+            with self.lock:
+                if self.stopping.is_set():
+                    return
+                self.proc = self._spawn()
             delay = min(delay * 2, 30.0)
 
     def stop(self) -> None:
-        self.stopping.set()
-        proc = self.proc
+        with self.lock:
+            self.stopping.set()
+            proc = self.proc
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
             try:
