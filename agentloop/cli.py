@@ -345,6 +345,26 @@ def world_tasks(
             typer.echo(f"{task.id:<40} {task.split:<15} d{task.difficulty}  {task.instruction}")
 
 
+@world_app.command("digest")
+def world_digest_command(
+    world: str = typer.Option("builtin", help="World name."),
+    split: str = typer.Option(None, help="Only this split (train, dev, test_normal, test_challenge)."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON object, with every task's digest."),
+) -> None:
+    """Digest of every task (initial state, instruction, expected outcome, oracle run and verdict): equal
+    digests on two machines or days mean the same tasks."""
+    _setup()
+    from agentloop.apps.digest import task_digests, world_digest
+    from agentloop.apps.registry import get_world
+
+    digests = task_digests(get_world(world), split)
+    summary = {"world": world, "split": split, "tasks": len(digests), "digest": world_digest(digests)}
+    if as_json:
+        typer.echo(json.dumps({**summary, "per_task": digests}))
+        return
+    typer.echo(f"{summary['digest']}  {summary['tasks']} tasks of {world}" + (f" ({split})" if split else ""))
+
+
 @app.command("eval")
 def eval_command(
     world: str = typer.Option("builtin", help="World whose tasks to run."),

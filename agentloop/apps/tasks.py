@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import random
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from agentloop.apps.base import ApiError
 from agentloop.apps.evaluation import NO_ANSWER, Expect, StateEvaluator
 from agentloop.apps.world import World
 
+T = TypeVar("T")
 SPLITS = ("train", "dev", "test_normal", "test_challenge")
 
 
@@ -64,6 +65,21 @@ class OracleClient:
                 return
             yield from items
             page += 1
+
+
+class NoInstance(LookupError):
+    """A scenario's setup found nothing in this world to build its task from."""
+
+
+class ScenarioSetupError(RuntimeError):
+    """A scenario could not be set up on a seed; the message names both."""
+
+
+def pick(rng: random.Random, options: Sequence[T], what: str) -> T:
+    """`rng.choice`, with an error that says what was missing instead of an IndexError."""
+    if not options:
+        raise NoInstance(f"no {what} in this world")
+    return rng.choice(options)
 
 
 Oracle = Callable[[OracleClient], Any]  # returns the answer (None for tasks that are not questions)

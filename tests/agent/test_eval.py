@@ -10,6 +10,7 @@ from agentloop.agent.episode import Limits
 from agentloop.agent.eval_runs import oracle_preparer, parse_policy, world_tasks
 from agentloop.agent.evaluate import run_eval, summarize
 from agentloop.apps.builtin import BUILTIN
+from agentloop.apps.digest import task_digests, world_digest
 from agentloop.apps.tasks import SPLITS
 from agentloop.policy.random_policy import RandomPolicy
 from agentloop.policy.scripted import ScriptedPolicy
@@ -107,3 +108,14 @@ def test_eval_and_world_commands(isolated_home, tiny_model_dir, configure_env):
         timeout=120,
     )
     assert bad.returncode != 0 and "no tasks in split 'nope'" in bad.stderr
+
+    digest = subprocess.run(
+        [sys.executable, "-m", "agentloop.cli", "world", "digest", "--split", "dev", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert digest.returncode == 0, digest.stderr
+    got = json.loads(digest.stdout)
+    assert got["tasks"] == len(BUILTIN.task_ids("dev")) == len(got["per_task"])
+    assert got["digest"] == world_digest(task_digests(BUILTIN, "dev"))  # another process, the same tasks

@@ -13,7 +13,7 @@ from agentloop.apps.builtin.apps import discover as discover_apps
 from agentloop.apps.builtin.apps import supervisor
 from agentloop.apps.builtin.people import NOW, make_world_data
 from agentloop.apps.evaluation import StateEvaluator
-from agentloop.apps.tasks import Scenario, TaskSpec, task_seed
+from agentloop.apps.tasks import Scenario, ScenarioSetupError, TaskSpec, task_seed
 from agentloop.apps.world import ALWAYS_AVAILABLE, World, WorldState, add_login_api
 
 
@@ -80,22 +80,38 @@ class BuiltinWorld:
         """A task and its initial state: its scenario's setup on one of the pooled base worlds."""
         if task_id not in self._built:
             sc = self._scenario_of[task_id]
-            seed = world_seed(task_id)
-            world = self.new_world(seed, sc.apps)
-            inst = sc.setup(world, random.Random(task_seed(task_id)))
-            spec = TaskSpec(
-                id=task_id,
-                scenario_id=sc.id,
-                split=sc.split,
-                difficulty=sc.difficulty,
-                instruction=inst.instruction,
-                apps=sc.apps,
-                seed=seed,
-                evaluator=StateEvaluator(tuple(inst.expectations), inst.answer, VOLATILE),
-                oracle=inst.oracle,
-            )
+            spec, world = self._instantiate(sc, task_id, world_seed(task_id), task_seed(task_id))
             self._built[task_id] = (spec, world.snapshot())
         return self._built[task_id]
+
+    def _instantiate(self, sc: Scenario, task_id: str, seed: int, setup_seed: int) -> tuple[TaskSpec, World]:
+        world = self.new_world(seed, sc.apps)
+        try:
+            inst = sc.setup(world, random.Random(setup_seed))
+        except Exception as exc:
+            raise ScenarioSetupError(
+                f"scenario {sc.id!r} cannot be set up on world seed {seed} (setup seed {setup_seed}): {exc}"
+            ) from exc
+        spec = TaskSpec(
+            id=task_id,
+            scenario_id=sc.id,
+            split=sc.split,
+            difficulty=sc.difficulty,
+            instruction=inst.instruction,
+            apps=sc.apps,
+            seed=seed,
+            evaluator=StateEvaluator(tuple(inst.expectations), inst.answer, VOLATILE),
+            oracle=inst.oracle,
+        )
+        return spec, world
+
+    def instance(self, scenario_id: str, seed: int) -> tuple[TaskSpec, World]:
+        """A scenario set up on a world of its own seed (any int), outside the fixed task list: a fresh
+        task of the same kind, with its world in the initial state. Raises ScenarioSetupError."""
+        sc = next((s for s in self.scenarios if s.id == scenario_id), None)
+        if sc is None:
+            raise KeyError(f"unknown built-in scenario {scenario_id!r}")
+        return self._instantiate(sc, f"{sc.id}@{seed}", seed, seed)
 
     @cached_property
     def _built(self) -> dict[str, tuple[TaskSpec, bytes]]:

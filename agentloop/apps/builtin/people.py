@@ -8,14 +8,15 @@ from __future__ import annotations
 import random
 import zlib
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
-from functools import lru_cache
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 from faker import Faker
 
 NOW = datetime(2025, 6, 2, 9, 0, tzinfo=UTC)  # every built-in world's frozen "now" (a Monday)
 
+OLDEST_BIRTHDAY = date(NOW.year - 70, NOW.month, NOW.day)
+YOUNGEST_BIRTHDAY = date(NOW.year - 19, NOW.month, NOW.day)
 RELATIONSHIPS = ("friend", "coworker", "family", "roommate", "neighbor", "manager", "classmate")
 
 
@@ -59,9 +60,7 @@ class WorldData:
         return random.Random(zlib.crc32(f"{self.seed}:{purpose}".encode()))
 
     def faker(self, purpose: str) -> Faker:
-        fake = _faker()
-        fake.seed_instance(zlib.crc32(f"{self.seed}:{purpose}".encode()))
-        return fake
+        return seeded_faker(zlib.crc32(f"{self.seed}:{purpose}".encode()))
 
     def by_email(self, email: str) -> Person | None:
         if email == self.supervisor.email:
@@ -76,14 +75,15 @@ def iso(dt: datetime) -> str:
     return dt.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-@lru_cache(maxsize=1)
-def _faker() -> Faker:
-    return Faker("en_US")
+def seeded_faker(seed: int) -> Faker:
+    """A Faker of its own (about 1 ms): a shared instance re-seeded by two threads at once would mix streams."""
+    fake = Faker("en_US")
+    fake.seed_instance(seed)
+    return fake
 
 
 def make_world_data(seed: int, n_people: int | None = None) -> WorldData:
-    fake = _faker()
-    fake.seed_instance(seed)
+    fake = seeded_faker(seed)
     rng = random.Random(seed)
     n = n_people or rng.randint(40, 70)
     used_names: set[str] = set()
@@ -95,7 +95,8 @@ def make_world_data(seed: int, n_people: int | None = None) -> WorldData:
         used_names.add(f"{first} {last}")
         pid = len(people) + 1
         domain = rng.choice(("gmail.com", "yahoo.com", "outlook.com", "proton.me", "fastmail.com"))
-        birthday = fake.date_between(start_date="-70y", end_date="-19y").isoformat()
+        # between 70 and 19 years before the frozen NOW: Faker's relative "-70y" would count from today
+        birthday = fake.date_between_dates(OLDEST_BIRTHDAY, YOUNGEST_BIRTHDAY).isoformat()
         people.append(
             Person(
                 id=pid,

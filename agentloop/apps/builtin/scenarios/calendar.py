@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from datetime import datetime, timedelta
+from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 
 from agentloop.apps.builtin.people import iso
 from agentloop.apps.builtin.scenarios._when import clock, day_label
-from agentloop.apps.builtin.scenarios.common import my_email, plant
+from agentloop.apps.builtin.scenarios.common import my_email, people_of, plant
 from agentloop.apps.evaluation import added, same_items, updated
-from agentloop.apps.tasks import OracleClient, Scenario, TaskInstance
+from agentloop.apps.tasks import OracleClient, Scenario, TaskInstance, pick
 from agentloop.apps.world import World
 
 Record = dict[str, Any]
@@ -293,7 +293,8 @@ def calendar_count_with(world: World, rng: random.Random) -> TaskInstance:
     )
 
 
-def calendar_birthdays_between(world: World, rng: random.Random) -> TaskInstance:
+def birthday_windows(world: World) -> list[tuple[str, str, list[str]]]:
+    """Windows of 21 to 35 days starting within the next 44 that hold at least two birthdays."""
     birthdays = [e for e in events(world) if e["all_day"] and e["title"].endswith(BIRTHDAY)]
     options = []
     for offset in range(1, 45):
@@ -302,7 +303,39 @@ def calendar_birthdays_between(world: World, rng: random.Random) -> TaskInstance
             names = sorted(e["title"].removesuffix(BIRTHDAY) for e in birthdays if low <= e["start"] < high)
             if len(names) >= 2:
                 options.append((low, high, names))
-    low, high, names = rng.choice(options)
+    return options
+
+
+def plant_more_birthdays(world: World) -> None:
+    """Put the birthdays of the next 80 days of everyone else the supervisor knows on the calendar
+    (the world has them only for family, friends and roommates)."""
+    on_calendar = {e["title"] for e in events(world)}
+    first, last = midnight(world, 1).date(), midnight(world, 80).date()
+    for person in sorted(people_of(world.seed).values(), key=lambda p: p.id):
+        born = date.fromisoformat(person.birthday)
+        day = date(world.now.year, born.month, min(born.day, 28) if born.month == 2 else born.day)
+        if day < first:
+            day = day.replace(year=day.year + 1)
+        title = f"{person.name}{BIRTHDAY}"
+        if first <= day < last and title not in on_calendar:
+            start = datetime.combine(day, time(0), tzinfo=UTC)
+            plant(
+                world,
+                "calendar",
+                "events",
+                {
+                    **new_event(world, title, start, 24 * 60, all_day=True),
+                    "description": f"{person.first_name} turns {day.year - born.year}.",
+                },
+            )
+
+
+def calendar_birthdays_between(world: World, rng: random.Random) -> TaskInstance:
+    options = birthday_windows(world)
+    if not options:
+        plant_more_birthdays(world)
+        options = birthday_windows(world)
+    low, high, names = pick(rng, options, "window of 21 to 35 days with two birthdays on the calendar")
     last = iso(datetime.fromisoformat(high) - timedelta(days=1))
 
     def oracle(c: OracleClient) -> str:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from functools import lru_cache
 from typing import Any
 
 from agentloop.apps.base import insert_record
-from agentloop.apps.builtin.people import iso
+from agentloop.apps.builtin.people import Person, iso, make_world_data
 from agentloop.apps.world import World
 
 
@@ -18,6 +19,12 @@ def me(world: World) -> dict[str, Any]:
 
 def my_email(world: World) -> str:
     return str(me(world)["email"])
+
+
+@lru_cache(maxsize=32)
+def people_of(seed: int) -> dict[str, Person]:
+    """Everyone the supervisor knows in the world built from `seed`, by email."""
+    return {p.email: p for p in make_world_data(seed).people}
 
 
 def plant(world: World, app: str, table: str, record: dict[str, Any]) -> dict[str, Any]:

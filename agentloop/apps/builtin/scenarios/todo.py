@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import random
 from datetime import date, timedelta
-from functools import lru_cache
 from typing import Any
 
-from agentloop.apps.builtin.people import Person, make_world_data
-from agentloop.apps.builtin.scenarios.common import days_ago, my_email, plant
+from agentloop.apps.builtin.scenarios.common import days_ago, my_email, people_of, plant
 from agentloop.apps.builtin.scenarios.files import anything
 from agentloop.apps.builtin.scenarios.wallet import world_people
 from agentloop.apps.evaluation import added, removed, same_items, updated
@@ -54,12 +52,6 @@ def unique_titled(world: World) -> list[dict[str, Any]]:
 
 def today(world: World) -> date:
     return world.now.date()
-
-
-@lru_cache(maxsize=32)
-def people_of(seed: int) -> dict[str, Person]:
-    """Everyone the supervisor knows in the world built from `seed`, by email."""
-    return {p.email: p for p in make_world_data(seed).people}
 
 
 def find_project(c: OracleClient, token: str, name: str) -> int:
