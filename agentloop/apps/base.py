@@ -11,9 +11,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, Protocol
 
 import jsonschema
+import jsonschema.exceptions
+import jsonschema.validators
 
 if TYPE_CHECKING:
     from agentloop.apps.world import World
@@ -100,6 +103,14 @@ class Api:
             "returns": self.returns,
         }
 
+    @cached_property
+    def _validator(self) -> Any:
+        """Built once: `jsonschema.validate` checks the schema itself against its metaschema on every call,
+        which was most of what a built-in tool call cost."""
+        cls = jsonschema.validators.validator_for(self.parameters)
+        cls.check_schema(self.parameters)
+        return cls(self.parameters)
+
     def validate(self, args: Any) -> dict[str, Any]:
         """Check arguments against the schema; return them with defaults filled in."""
         if not isinstance(args, dict):
@@ -112,11 +123,10 @@ class Api:
                 f"Unknown argument(s) {', '.join(unknown)} for {self.app}.{self.name}; "
                 f"it takes: {', '.join(props) or 'no arguments'}.",
             )
-        try:
-            jsonschema.validate(args, self.parameters)
-        except jsonschema.ValidationError as exc:
-            where = ".".join(str(p) for p in exc.absolute_path) or "arguments"
-            raise ApiError(422, f"Invalid {where} for {self.app}.{self.name}: {exc.message}") from None
+        error = jsonschema.exceptions.best_match(self._validator.iter_errors(args))
+        if error is not None:
+            where = ".".join(str(p) for p in error.absolute_path) or "arguments"
+            raise ApiError(422, f"Invalid {where} for {self.app}.{self.name}: {error.message}")
         filled = {k: v["default"] for k, v in props.items() if "default" in v}
         filled.update(args)
         return filled
