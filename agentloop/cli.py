@@ -417,25 +417,35 @@ def _cuda() -> bool:
 
 
 def _learn_run(resume: str | None, algo: str, iterations: int, overrides: dict[str, object]) -> str:
-    """The run to train: the one to resume, or a new one."""
+    """The run to train: the one to resume (failed, cancelled, or lost with its lease expired), or a new one."""
     from agentloop.learner.config import LoopConfig
     from agentloop.store.db import session_scope
-    from agentloop.store.models import TrainingRun
+    from agentloop.store.models import TrainingRun, TrainingRunStatus, utcnow
+    from agentloop.store.training_runs import CLI_TRIGGER
 
     with session_scope() as s:
         if resume:
             run = s.get(TrainingRun, resume)
             if run is None:
                 raise typer.BadParameter(f"no training run {resume}", param_hint="--resume")
-            if run.status in ("failed", "finished") and run.iteration < int(run.config.get("iterations", 1)):
-                run.status, run.error = "queued", None
+            left = run.iteration < int(run.config.get("iterations", 1))
+            if run.status == TrainingRunStatus.FINISHED and not left:
+                raise typer.BadParameter(f"training run {resume} already finished", param_hint="--resume")
+            if run.status == TrainingRunStatus.RUNNING and run.lease_expires_at and run.lease_expires_at > utcnow():
+                raise typer.BadParameter(
+                    f"training run {resume} is running in {run.lease_owner}; stop that process first (or cancel "
+                    f"the run: POST /v1/admin/training-runs/{resume}/cancel)",
+                    param_hint="--resume",
+                )
+            if run.status in TrainingRunStatus.TERMINAL:  # from its last checkpoint
+                run.status, run.error, run.finished_at, run.cancel_requested = "queued", None, None, False
             run_id = run.id
         else:
             try:
                 config = LoopConfig.for_algo(algo, iterations=iterations, **overrides)
             except (TypeError, ValueError) as exc:
                 raise typer.BadParameter(str(exc)) from None
-            run = TrainingRun(algo=algo, status="queued", trigger="cli", config=config.to_dict(), progress={})
+            run = TrainingRun(algo=algo, status="queued", trigger=CLI_TRIGGER, config=config.to_dict(), progress={})
             s.add(run)
             s.flush()
             run_id = run.id
@@ -455,12 +465,16 @@ def learn(
     resume: str = typer.Option(None, help="Resume this training run from its last checkpoint."),
 ) -> None:
     """Run training iterations in this process, with progress, and print each iteration's metrics.
-    Under `accelerate launch` (or torchrun) the processes share each update (DDP)."""
+    Under `accelerate launch` (or torchrun) the processes share each update (DDP).
+
+    Ctrl-C (SIGINT) or SIGTERM cancels the run at its next safe point (a second one: at once); either way
+    the run ends `cancelled`, and `--resume` continues it from its last checkpoint. Only `--resume`
+    resumes a run of `agentloop learn`: a server whose sweeper finds it lost marks it failed instead."""
     import socket
 
     from accelerate import PartialState
 
-    from agentloop.learner.trainer import run_training
+    from agentloop.learner.trainer import Cancellation, run_training
     from agentloop.store.db import session_scope
     from agentloop.store.models import TrainingRun
 
@@ -497,24 +511,71 @@ def learn(
         broadcast_object_list(shared, from_process=0)
         run_id = shared[0]
     assert run_id is not None
+    owner = f"cli:{socket.gethostname()}:{os.getpid()}"
+    cancellation = Cancellation()
+    signals = _cancel_on_signals(run_id, cancellation, record=state.is_main_process)
     if not state.is_main_process:
-        raise typer.Exit(
-            0 if run_training(run_id, f"cli:{socket.gethostname()}:{os.getpid()}", settings) == "finished" else 1
-        )
+        raise typer.Exit(0 if run_training(run_id, owner, settings, cancellation=cancellation) == "finished" else 1)
     typer.echo(f"training run {run_id}", err=True)
+    with session_scope() as s:
+        run = s.get(TrainingRun, run_id)
+        total = run.config.get("iterations", "?") if run is not None else "?"
 
-    def show(progress: dict[str, object]) -> None:
+    def show(progress: dict[str, Any]) -> None:
         if progress.get("phase") == "iteration_done":
             typer.echo(json.dumps(progress.get("metrics"), default=str))
+        elif progress.get("plan"):  # what the iteration's rollouts are, client episodes included
+            typer.echo(f"iteration {progress['iteration'] + 1}/{total}: {progress['plan']}", err=True)
         else:
             typer.echo(" ".join(f"{k}={v}" for k, v in progress.items()), err=True)
 
-    outcome = run_training(run_id, f"cli:{socket.gethostname()}:{os.getpid()}", settings, report=show)
+    try:
+        outcome = run_training(run_id, owner, settings, report=show, cancellation=cancellation)
+    except KeyboardInterrupt:  # a second signal: stopped at once (the run is recorded as cancelled)
+        outcome = "cancelled"
     with session_scope() as s:
         run = s.get(TrainingRun, run_id)
         assert run is not None
         typer.echo(f"run {run_id}: {run.status}" + (f" ({run.error})" if run.error else ""), err=True)
+    if outcome == "cancelled" and signals:
+        typer.echo(f"resume it with: agentloop learn --resume {run_id}", err=True)
+        raise typer.Exit(128 + signals[0])
     raise typer.Exit(0 if outcome == "finished" else 1)
+
+
+def _cancel_on_signals(run_id: str, cancellation: Cancellation, record: bool) -> list[int]:
+    """SIGINT / SIGTERM: cancel the run at its next safe point (and say so in its row at once, so that it
+    ends cancelled even if this process is killed next); a second one raises KeyboardInterrupt: stop now.
+    Returns the signals received, as they come."""
+    from agentloop.store.db import session_scope
+    from agentloop.store.models import TrainingRun, TrainingRunStatus
+    from agentloop.store.training_runs import request_cancel
+
+    received: list[int] = []
+
+    def record_request(reason: str) -> None:
+        try:
+            with session_scope() as s:
+                run = s.get(TrainingRun, run_id, with_for_update=True)
+                if run is not None and run.status not in TrainingRunStatus.TERMINAL and not run.cancel_requested:
+                    request_cancel(s, run, reason)  # not yet claimed: cancelled now; else at the safe point
+        except Exception as exc:  # the safe point still stops the run; only a kill -9 now would lose it
+            log.warning("could not record the cancel request of run %s: %s", run_id, exc)
+
+    def on_signal(signum: int, _frame: object) -> None:
+        name = signal.Signals(signum).name
+        received.append(signum)
+        if len(received) > 1:
+            raise KeyboardInterrupt(name)
+        reason = f"cancelled: `agentloop learn` got {name}"
+        cancellation.request(reason)
+        typer.echo(f"{name}: run {run_id} stops at its next safe point ({name} again: at once)", err=True)
+        if record:  # not here: the handler may have interrupted a transaction of this thread
+            threading.Thread(target=record_request, args=(reason,), name="record-cancel", daemon=True).start()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, on_signal)
+    return received
 
 
 def _read_key_file(settings: Settings) -> str:

@@ -1,7 +1,8 @@
 """Wake-up notices between processes: "task X has a new step", "adapter vN is active".
 
 The database holds the facts; these notices only tell a waiting reader to look again now rather
-than at its next poll. With Redis configured they go over pub/sub; without it readers poll.
+than at its next poll (or, for a serving worker, to load a newly activated adapter before its next
+episode asks for it). With Redis configured they go over pub/sub; without it readers poll.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ import asyncio
 import contextlib
 import json
 import logging
+import threading
+from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
 
@@ -98,3 +101,59 @@ class Waiter:
             log.warning("pub/sub on %s failed (%s); polling instead", self.channel, exc)
             await self._close()
             await asyncio.sleep(timeout)
+
+
+class Listener(threading.Thread):
+    """Calls `on_notice(payload)` for every notice on `channel`, from a daemon thread, and
+    `on_notice(None)` each time it has (re)subscribed: a notice sent while it was not listening is
+    covered by that one look. Reconnects after a lost connection; `stop()` ends it within a second."""
+
+    RETRY_S = 1.0
+
+    def __init__(self, channel: str, url: str, on_notice: Callable[[dict[str, Any] | None], None]) -> None:
+        super().__init__(daemon=True, name=f"listen-{channel}")
+        self.channel, self.url, self.on_notice = channel, url, on_notice
+        self.subscribed = threading.Event()  # set while the subscription is confirmed
+        self._stop_event = threading.Event()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop_event.set()
+        self.join(timeout)
+
+    def run(self) -> None:
+        while not self._stop_event.is_set():
+            try:
+                self._listen()
+            except (redis.RedisError, OSError) as exc:
+                log.warning("listening on %s failed (%s); retrying in %g s", self.channel, exc, self.RETRY_S)
+            self.subscribed.clear()
+            self._stop_event.wait(self.RETRY_S)
+
+    def _listen(self) -> None:
+        # no socket timeout: get_message bounds each read, so stop() is noticed within a second
+        client = redis.Redis.from_url(self.url, socket_connect_timeout=2, health_check_interval=30)
+        with client, client.pubsub() as pubsub:
+            pubsub.subscribe(self.channel)
+            while not self._stop_event.is_set():
+                message = pubsub.get_message(timeout=1.0)
+                if message is None:
+                    continue
+                if message["type"] == "subscribe":
+                    self._deliver(None)
+                    self.subscribed.set()
+                elif message["type"] == "message":
+                    self._deliver(_payload(message["data"]))
+
+    def _deliver(self, payload: dict[str, Any] | None) -> None:
+        try:
+            self.on_notice(payload)
+        except Exception:  # the next notice (or the reader's own look) tries again
+            log.exception("handling a notice on %s failed", self.channel)
+
+
+def _payload(data: Any) -> dict[str, Any] | None:
+    try:
+        value = json.loads(data)
+    except (TypeError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None

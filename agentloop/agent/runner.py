@@ -110,25 +110,58 @@ def prepare_world(task: Task, settings: Settings) -> Prepared:
 
 class AdapterPins:
     """Which adapters running episodes use. An episode pins the active adapter when it starts and keeps
-    it to its end (a promotion never changes a running episode); an adapter that is neither active nor
-    pinned is unloaded, so a long-lived worker holds at most the active version and those in flight."""
+    it to its end (a promotion never changes a running episode); a served version that is neither active
+    nor pinned is unloaded, so a long-lived worker holds at most the active version and those in flight.
+    Adapters loaded by others (a rollout job's weights) are theirs to unload.
+
+    The active version is read from the database when an episode starts; `follow` also loads it as soon
+    as its activation is announced, so the first episode after a switch does not wait for the load."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._count: Counter[str] = Counter()
+        self._served: set[str] = set()  # versions loaded into the policy by these pins
+        self._listener: events.Listener | None = None
 
     def pin(self, policy: Policy, settings: Settings) -> str | None:
+        return self._load_active(policy, settings, pin=True)
+
+    def preload(self, policy: Policy, settings: Settings) -> str | None:
+        """Load the active version now (and unload served ones no episode uses); pins nothing."""
+        return self._load_active(policy, settings, pin=False)
+
+    def _load_active(self, policy: Policy, settings: Settings, pin: bool) -> str | None:
         with session_scope() as s:
             active = adapter_store.active_adapter(s, settings.model_name)
             name, path = (active.name, active.path) if active else (None, None)
         with self._lock:
             if name is not None and path is not None and name not in policy.loaded_adapters():
                 policy.load_adapter(name, path)
-            if name is not None:
+                self._served.add(name)
+            if pin and name is not None:
                 self._count[name] += 1
-            for unused in policy.loaded_adapters() - {name} - set(+self._count):
+            for unused in self._served - {name} - set(+self._count):
                 policy.unload_adapter(unused)
+                self._served.discard(unused)
         return name
+
+    def follow(self, policy: Policy, settings: Settings) -> events.Listener | None:
+        """Preload each version as its activation is announced (Redis pub/sub), from a thread of this
+        process; once per process, later calls return the same listener. Without Redis nothing is
+        announced and None is returned: the next episode's pin finds the new version in the database."""
+        url = settings.events_redis_url
+        if not url:
+            return None
+
+        def on_notice(notice: dict[str, Any] | None) -> None:
+            if notice is None or notice.get("base_model") == settings.model_name:
+                self.preload(policy, settings)
+
+        with self._lock:
+            if self._listener is None:
+                self._listener = events.Listener(events.ADAPTERS_CHANNEL, url, on_notice)
+                self._listener.start()
+            return self._listener
 
     def release(self, name: str | None) -> None:
         if name is None:

@@ -192,12 +192,15 @@ class TrainingRunPublic(BaseModel):
     id: str
     algo: str
     status: str
-    trigger: str
+    trigger: str = Field(description="What started it: admin (the train route), cli (agentloop learn), schedule:<why>.")
     iteration: int
+    cancel_requested: bool = Field(
+        description="Cancel was asked for; a running run stops at its learner's next safe point, then is cancelled."
+    )
     progress: dict[str, Any]
     metrics: list[Any] = Field(description="One entry of namespaced metrics per finished iteration.")
     config: dict[str, Any]
-    error: str | None
+    error: str | None = Field(description="Why it failed or was cancelled (or was re-queued after a lost learner).")
     adapter: str | None = Field(description="The last adapter this run produced.")
     created_at: datetime
     started_at: datetime | None

@@ -12,7 +12,6 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, cast
 
-import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -52,6 +51,7 @@ from agentloop.store import adapters as adapter_store
 from agentloop.store import apps as app_store
 from agentloop.store import episodes as episode_store
 from agentloop.store import tasks as task_store
+from agentloop.store import training_runs as run_store
 from agentloop.store.models import (
     Adapter,
     App,
@@ -351,6 +351,7 @@ def start_training(session: Session, principal: Principal, body: TrainCreate, tr
         algo=body.algo,
         status=TrainingRunStatus.QUEUED,
         trigger=trigger,
+        tenant_id=principal.tenant_id,
         config=config.to_dict(),
         progress={"phase": "queued"},
     )
@@ -359,9 +360,10 @@ def start_training(session: Session, principal: Principal, body: TrainCreate, tr
     return run
 
 
-def get_training_run(session: Session, principal: Principal, run_id: str) -> TrainingRun:
+def get_training_run(session: Session, principal: Principal, run_id: str, for_update: bool = False) -> TrainingRun:
+    """A run this tenant's admins may see: one they started, or the deployment's. Anyone else's is NotFound."""
     principal.require_admin()
-    run = session.get(TrainingRun, run_id)
+    run = run_store.get_run(session, run_id, principal.tenant_id, for_update=for_update)
     if run is None:
         raise NotFound(f"no training run {run_id!r}")
     return run
@@ -369,7 +371,18 @@ def get_training_run(session: Session, principal: Principal, run_id: str) -> Tra
 
 def list_training_runs(session: Session, principal: Principal, limit: int = 20) -> Sequence[TrainingRun]:
     principal.require_admin()
-    return session.scalars(sa.select(TrainingRun).order_by(TrainingRun.created_at.desc()).limit(limit)).all()
+    return run_store.list_runs(session, principal.tenant_id, limit)
+
+
+def cancel_training_run(session: Session, principal: Principal, run_id: str) -> TrainingRun:
+    """Cancel a queued run at once, or a running one at its learner's next safe point (between rollout
+    batches, after the rollouts, between update minibatches, before promotion): nothing of the iteration it
+    stops in is kept and the active adapter keeps serving. The caller commits."""
+    run = get_training_run(session, principal, run_id, for_update=True)
+    if run.status in TrainingRunStatus.TERMINAL:
+        raise Conflict(f"training run {run_id} already ended ({run.status}); nothing to cancel")
+    run_store.request_cancel(session, run, f"cancelled by an admin of tenant {principal.tenant!r}")
+    return run
 
 
 def list_adapters(session: Session, principal: Principal, base_model: str | None = None) -> Sequence[Adapter]:
@@ -399,6 +412,7 @@ def training_run_public(run: TrainingRun) -> TrainingRunPublic:
         status=run.status,
         trigger=run.trigger,
         iteration=run.iteration,
+        cancel_requested=run.cancel_requested,
         progress=run.progress,
         metrics=run.metrics,
         config=run.config,

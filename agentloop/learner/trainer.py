@@ -11,6 +11,13 @@
 
 `agentloop learn` runs this in the foreground; the Celery `train` task runs it for POST /v1/admin/train
 and for the beat trigger. A run holds a lease on its row while it works.
+
+Cancelling (POST /v1/admin/training-runs/{id}/cancel, or a signal to `agentloop learn`): the learner
+stops at its next safe point, where nothing is half-written: before an iteration, between rollout
+batches, after the rollouts, between update minibatches, before the adapter is saved, between dev
+evaluation batches, and at the promotion itself (checked in the transaction that would promote).
+Nothing of the iteration it stops in is kept: the checkpoint and the active adapter are the previous
+iteration's.
 """
 
 from __future__ import annotations
@@ -46,6 +53,7 @@ from agentloop.settings import Settings
 from agentloop.store import adapters as adapter_store
 from agentloop.store.db import session_scope
 from agentloop.store.models import TrainingRun, utcnow
+from agentloop.store.training_runs import mark_cancelled
 
 log = logging.getLogger(__name__)
 
@@ -156,6 +164,35 @@ class Checkpoint:
         return dict(json.loads((self.path / "state.json").read_text()))
 
 
+# --- stopping at a safe point ----------------------------------------------------------------------
+
+
+class RunStopped(Exception):
+    """Raised at a safe point of a run that was cancelled (or whose lease another learner holds now)."""
+
+    def __init__(self, reason: str, where: str, lease_lost: bool = False) -> None:
+        super().__init__(f"{reason}; stopped {where}")
+        self.reason, self.where, self.lease_lost = reason, where, lease_lost
+
+
+@dataclass
+class Cancellation:
+    """Why the run must stop, once it must. Set by the run's heartbeat (its row has cancel_requested, or its
+    lease is gone) or by a signal handler of `agentloop learn`; the trainer looks at it at safe points."""
+
+    reason: str | None = None
+    lease_lost: bool = False
+
+    def request(self, reason: str, lease_lost: bool = False) -> None:
+        if self.reason is None:
+            self.lease_lost = lease_lost
+            self.reason = reason  # last: it is the flag other threads read
+
+    @property
+    def requested(self) -> bool:
+        return self.reason is not None
+
+
 # --- a run -----------------------------------------------------------------------------------------
 
 
@@ -168,6 +205,8 @@ class Trainer:
     model: Any = None
     tokenizer: Any = None
     accelerator: Any = None
+    cancellation: Cancellation = field(default_factory=Cancellation)
+    owner: str | None = None  # the lease holder: promotion checks the row is still its run
 
     def __post_init__(self) -> None:
         self.run_dir = self.settings.home.resolve() / "runs" / self.run_id
@@ -241,6 +280,22 @@ class Trainer:
             temperature=0.0 if dev else c.temperature,
         )
 
+    def safe_point(self, where: str, collective: bool = True) -> None:
+        """Raise RunStopped here if the run must stop. Call only where nothing is half-written. With several
+        processes a `collective` point is reached by all of them (the main one's answer is shared, so they
+        stop together); a point only the main process reaches is skipped then."""
+        reason, lost = self.cancellation.reason, self.cancellation.lease_lost
+        if self.accelerator is not None and self.accelerator.num_processes > 1:
+            if not collective:
+                return
+            from accelerate.utils import broadcast_object_list
+
+            shared: list[Any] = [(reason, lost)]
+            broadcast_object_list(shared, from_process=0)
+            reason, lost = shared[0]
+        if reason is not None:
+            raise RunStopped(reason, where, lost)
+
     # --- phases
     def logged_episodes(self) -> list[Logged]:
         """Episodes clients ran since the last finished run, not yet used by this one."""
@@ -262,27 +317,51 @@ class Trainer:
                 exclude=self.logged_used,
             )
 
-    def dev_summary(self) -> dict[str, Any]:
+    def dev_summary(self, iteration: int | None = None) -> dict[str, Any]:
         tasks = world_tasks(self.world, self.config.dev_split, self.config.dev_limit)
         self.report({"phase": "evaluating", "dev_tasks": len(tasks)})
         self.model.eval()
         self.policy.clear_cache()
-        results = run_eval(self.policy, tasks, 1, self.limits(dev=True), self.settings.max_batch_size)
+        where = f"in iteration {iteration}, during the dev evaluation" if iteration is not None else "evaluating"
+        results = run_eval(
+            self.policy,
+            tasks,
+            1,
+            self.limits(dev=True),
+            self.settings.max_batch_size,
+            on_result=lambda _r: self.safe_point(where, collective=False),
+        )
         self.policy.clear_cache()
         return summarize(results)
 
     def dev_tgc(self) -> float:
         return float(self.dev_summary()["tgc"])
 
-    def collect(self, iteration: int, replay: Sequence[str] = ()) -> dict[str, list[rollouts.Rollout]]:
-        """K rollouts of each sampled train task, and of each replayed task clients ran."""
+    def collect(
+        self, iteration: int, replay: Sequence[str] = (), feedback_only: int = 0
+    ) -> dict[str, list[rollouts.Rollout]]:
+        """K rollouts of each sampled train task, and of each task of a replayed client episode (`replay`:
+        one task_ref per episode; `feedback_only`: client episodes used without rollouts, for the plan)."""
         c = self.config
-        tasks = rollouts.sample_tasks(self.train_tasks, c.tasks_per_iteration, self.rng)
+        sampled = _distinct(rollouts.sample_tasks(self.train_tasks, c.tasks_per_iteration, self.rng))
         by_ref = {t.task_ref: t for t in self.train_tasks}
-        tasks += [by_ref[ref] for ref in replay]
+        tasks = _distinct(sampled + [by_ref[ref] for ref in replay])
         total = len(tasks) * c.rollouts_per_task
+        plan = rollout_plan(len(sampled), len(tasks) - len(sampled), c.rollouts_per_task, len(replay), feedback_only)
         done = [0]
-        self.report({"phase": "rollouts", "iteration": iteration, "rollouts_done": 0, "rollouts_total": total})
+        self.report(
+            {
+                "phase": "rollouts",
+                "iteration": iteration,
+                "rollouts_done": 0,
+                "rollouts_total": total,
+                "tasks_sampled": len(sampled),
+                "tasks_from_logged": len(tasks) - len(sampled),
+                "logged_joined": len(replay),
+                "logged_feedback_only": feedback_only,
+                "plan": plan,
+            }
+        )
 
         def on_result(_result: Any) -> None:
             done[0] += 1
@@ -290,6 +369,8 @@ class Trainer:
                 self.report(
                     {"phase": "rollouts", "iteration": iteration, "rollouts_done": done[0], "rollouts_total": total}
                 )
+            # after each batch of episodes (each stored whole): a cancel need not wait for all N x K
+            self.safe_point(f"in iteration {iteration}, during its rollouts", collective=False)
 
         def store(result: Any) -> str | None:
             with session_scope() as s:
@@ -305,11 +386,11 @@ class Trainer:
 
         self.model.eval()
         if c.rollout_mode == "celery":
-            return self.collect_distributed(iteration, _distinct(tasks))
+            return self.collect_distributed(iteration, tasks)
         self.policy.clear_cache()
         by_task = rollouts.run_local(
             self.policy,
-            _distinct(tasks),
+            tasks,
             c.rollouts_per_task,
             self.limits(),
             self.settings.max_batch_size,
@@ -345,6 +426,7 @@ class Trainer:
                     "rollouts_total": len(refs) * c.rollouts_per_task,
                 }
             )
+            self.safe_point(f"in iteration {iteration}, waiting for its rollouts", collective=False)
 
         return rollouts.wait_for_stored(
             load, refs, c.rollouts_per_task, c.min_rollouts_per_task or 1, c.min_fraction, c.rollout_timeout_s, progress
@@ -369,7 +451,7 @@ class Trainer:
     def _sample(self, i: int) -> tuple[list[Logged], dict[str, list[rollouts.Rollout]]]:
         logged = self.logged_episodes() if self.config.replay_logged else []
         replayed = [item for item in logged if item.replayable]
-        by_task = self.collect(i, [item.rollout.task_ref for item in replayed])
+        by_task = self.collect(i, [item.rollout.task_ref for item in replayed], len(logged) - len(replayed))
         for item in replayed:  # the client's episode is one more sample of its task's group
             by_task.setdefault(item.rollout.task_ref, []).append(item.rollout)
         return logged, by_task
@@ -378,6 +460,7 @@ class Trainer:
         c = self.config
         t0 = time.perf_counter()
         logged, by_task = self.samples(i)
+        self.safe_point(f"in iteration {i}, after its rollouts")
         replayed = [item for item in logged if item.replayable]
         every = [r for g in by_task.values() for r in g]
         kept = advantages_for(list(by_task.values()), c)
@@ -390,6 +473,7 @@ class Trainer:
             "adv/filtered_frac": 1 - len(kept) / max(len(every), 1),
             "rollouts": len(every),
             "logged/replayed": len(replayed),
+            "logged/feedback_only": len(logged) - len(replayed),
             "logged/feedback_used": sum(1 for item in logged if item.reward_source == "client"),
             "perf/rollout_s": time.perf_counter() - t0,
         }
@@ -412,6 +496,7 @@ class Trainer:
                     self.pad_id,
                     self.rng,
                     reference=self.model if c.kl_coef > 0 else None,
+                    between_steps=lambda step: self.safe_point(f"in iteration {i}, after update step {step}"),
                 )
             )
             self.policy.clear_cache()
@@ -425,8 +510,10 @@ class Trainer:
                     "perf/peak_mem_mb": 0.0,
                 }
             )
-        if c.promote and kept and self.accelerator.is_main_process:  # no update, no new version
-            metrics.update(self.save_and_gate(i))
+        if c.promote and kept:
+            self.safe_point(f"in iteration {i}, before saving its adapter")
+            if self.accelerator.is_main_process:  # no update, no new version
+                metrics.update(self.save_and_gate(i))
         return metrics
 
     def old_logprobs(self, batch: list[rollouts.Rollout], others: set[int]) -> tuple[list[torch.Tensor] | None, float]:
@@ -457,7 +544,7 @@ class Trainer:
     def save_and_gate(self, i: int) -> dict[str, Any]:
         if self.baseline_dev_tgc is None:  # nothing active yet: the bar is the base model
             with self.model.disable_adapter():
-                self.baseline_dev_tgc = self.dev_tgc()
+                self.baseline_dev_tgc = float(self.dev_summary(i)["tgc"])
         self.report({"phase": "saving", "iteration": i})
         with session_scope() as s:
             row = adapters.save_adapter(
@@ -469,23 +556,36 @@ class Trainer:
                 training_run_id=self.run_id,
             )
             name = row.name
-        summary = self.dev_summary()
+        summary = self.dev_summary(i)
         dev = float(summary["tgc"])
         with session_scope() as s:
+            # the run's row first: a cancel request (or another learner) cannot slip in before the promotion
+            ours = [TrainingRun.id == self.run_id, TrainingRun.cancel_requested.is_(False)]
+            if self.owner is not None:
+                ours.append(TrainingRun.lease_owner == self.owner)
+            claimed = s.execute(sa.update(TrainingRun).where(*ours).values(adapter=name))
+            still_ours = claimed.rowcount == 1  # type: ignore[attr-defined]
+            stop = None if still_ours else _stop_reason(s, self.run_id, self.owner)
             candidate = adapter_store.get_adapter(s, name)
             assert candidate is not None
-            promoted = adapters.promote_or_reject(
-                s, candidate, dev, self.baseline_dev_tgc, self.config.promotion_tolerance
-            )
-            candidate.metrics = {**candidate.metrics, "dev_sgc": summary["sgc"], "behaviour": summary["behaviour"]}
-            s.execute(sa.update(TrainingRun).where(TrainingRun.id == self.run_id).values(adapter=name))
+            promoted = False
+            if stop is None:
+                promoted = adapters.promote_or_reject(
+                    s, candidate, dev, self.baseline_dev_tgc, self.config.promotion_tolerance
+                )
+                candidate.metrics = {**candidate.metrics, "dev_sgc": summary["sgc"], "behaviour": summary["behaviour"]}
+        if stop is not None:  # the candidate stays a candidate: saved whole, never gated
+            self.cancellation.request(*stop)
+            self.safe_point(f"in iteration {i}, before promoting {name}", collective=False)
+            return {"adapter": name, "adapter/promoted": 0.0}  # several processes: all stop at the next point
+        bar = self.baseline_dev_tgc  # what this candidate was gated against (the next one's bar may be its own)
         if promoted:
             adapters.announce(candidate)
             self.parent, self.baseline_dev_tgc = name, dev
         return {
             "dev/tgc": dev,
             "dev/sgc": summary["sgc"],
-            "dev/baseline_tgc": self.baseline_dev_tgc,
+            "dev/baseline_tgc": bar,
             **{f"behaviour/{k}": v for k, v in summary["behaviour"].items()},
             "adapter": name,
             "adapter/promoted": float(promoted),
@@ -494,6 +594,7 @@ class Trainer:
     def run(self, start: int) -> list[dict[str, Any]]:
         history = []
         for i in range(start, self.config.iterations):
+            self.safe_point(f"before iteration {i}")
             metrics = self.iteration(i)
             history.append(metrics)
             if self.accelerator.is_main_process:
@@ -516,6 +617,37 @@ class Trainer:
                     run.metrics = [*(run.metrics or []), metrics]
                 self.report({"phase": "iteration_done", "iteration": i, "metrics": metrics})
         return history
+
+
+def rollout_plan(sampled: int, from_logged: int, k: int, joined: int, feedback_only: int) -> str:
+    """What an iteration's rollouts are, in words: "2 tasks x 2 rollouts + 7 tasks clients ran x 2 rollouts
+    = 18 rollouts; 7 logged client episodes joined (one more sample in their task's group)"."""
+
+    def n(count: int, noun: str) -> str:
+        return f"{count} {noun}{'s' * (count != 1)}"
+
+    times = "\u00d7"
+    plan = f"{n(sampled, 'task')} {times} {n(k, 'rollout')}"
+    if from_logged:  # the tasks of client episodes that were not sampled get K rollouts too
+        total = n((sampled + from_logged) * k, "rollout")
+        plan += f" + {n(from_logged, 'task')} clients ran {times} {n(k, 'rollout')} = {total}"
+    if joined:
+        plan += f"; {n(joined, 'logged client episode')} joined (one more sample in their task's group)"
+    if feedback_only:
+        plan += f"; {n(feedback_only, 'client episode')} with feedback used alone (no task to replay)"
+    return plan
+
+
+def _stop_reason(session: Any, run_id: str, owner: str | None) -> tuple[str, bool]:
+    """Why the run's row refused the promotion: a cancel request, or the lease is someone else's."""
+    row = session.execute(
+        sa.select(TrainingRun.cancel_requested, TrainingRun.error, TrainingRun.lease_owner).where(
+            TrainingRun.id == run_id
+        )
+    ).one_or_none()
+    if row is None or (owner is not None and row.lease_owner != owner):
+        return "the run's lease is held by another learner now", True
+    return row.error or "cancelled", False
 
 
 def _distinct(tasks: list[EvalTask]) -> list[EvalTask]:
@@ -543,6 +675,7 @@ def claim_run(run_id: str, owner: str, lease_s: float) -> TrainingRun | None:
                     TrainingRun.status == "queued",
                     sa.and_(TrainingRun.status == "running", TrainingRun.lease_expires_at < now),
                 ),
+                TrainingRun.cancel_requested.is_(False),
             )
             .values(
                 status="running",
@@ -562,22 +695,41 @@ def claim_run(run_id: str, owner: str, lease_s: float) -> TrainingRun | None:
 
 
 class RunHeartbeat(threading.Thread):
-    def __init__(self, run_id: str, owner: str, settings: Settings) -> None:
+    """Renews the run's lease every heartbeat_s, and notices within a second a cancel request or a lease
+    that is not ours any more (the sweeper gave the run up): the trainer then stops at its next safe point."""
+
+    CANCEL_POLL_S = 1.0
+
+    def __init__(self, run_id: str, owner: str, settings: Settings, cancellation: Cancellation) -> None:
         super().__init__(daemon=True, name=f"run-heartbeat-{run_id[:8]}")
-        self.run_id, self.owner, self.settings = run_id, owner, settings
+        self.run_id, self.owner, self.settings, self.cancellation = run_id, owner, settings, cancellation
         self.stop_event = threading.Event()
 
     def run(self) -> None:
-        while not self.stop_event.wait(self.settings.heartbeat_s):
+        last_renewal = time.monotonic()
+        while not self.stop_event.wait(min(self.CANCEL_POLL_S, self.settings.heartbeat_s)):
             try:
                 with session_scope() as s:
-                    s.execute(
-                        sa.update(TrainingRun)
-                        .where(TrainingRun.id == self.run_id, TrainingRun.lease_owner == self.owner)
-                        .values(lease_expires_at=utcnow() + timedelta(seconds=self.settings.lease_s))
-                    )
+                    if time.monotonic() - last_renewal >= self.settings.heartbeat_s:
+                        s.execute(
+                            sa.update(TrainingRun)
+                            .where(TrainingRun.id == self.run_id, TrainingRun.lease_owner == self.owner)
+                            .values(lease_expires_at=utcnow() + timedelta(seconds=self.settings.lease_s))
+                        )
+                        last_renewal = time.monotonic()
+                    row = s.execute(
+                        sa.select(TrainingRun.cancel_requested, TrainingRun.error, TrainingRun.lease_owner).where(
+                            TrainingRun.id == self.run_id
+                        )
+                    ).one_or_none()
             except Exception as exc:  # retried next period; the lease outlives several
                 log.warning("heartbeat of training run %s failed: %s", self.run_id, exc)
+                continue
+            if row is None or row.lease_owner != self.owner:
+                self.cancellation.request("the run's lease is not this learner's any more", lease_lost=True)
+                return
+            if row.cancel_requested:
+                self.cancellation.request(row.error or "cancelled")
 
 
 def db_reporter(run_id: str) -> Report:
@@ -596,22 +748,32 @@ def db_reporter(run_id: str) -> Report:
     return report
 
 
-def run_training(run_id: str, owner: str, settings: Settings, report: Report | None = None) -> str:
-    """Claim the run, train, and record the outcome. Returns finished | failed | not_claimed.
+def run_training(
+    run_id: str,
+    owner: str,
+    settings: Settings,
+    report: Report | None = None,
+    cancellation: Cancellation | None = None,
+) -> str:
+    """Claim the run, train, and record the outcome. Returns finished | failed | cancelled | lease_lost |
+    not_claimed. `cancellation` lets the caller stop the run too (`agentloop learn` on a signal).
     Under `accelerate launch` / torchrun every process calls this: the main one claims the run,
     samples, stores, evaluates and reports; the others join the updates."""
     from accelerate import PartialState
 
     state = PartialState(cpu=not torch.cuda.is_available())
+    cancellation = cancellation or Cancellation()
     if state.num_processes > 1:
-        return _run_distributed(run_id, owner, settings, report, state)
+        return _run_distributed(run_id, owner, settings, report, state, cancellation)
     run = claim_run(run_id, owner, settings.lease_s)
     if run is None:
         return "not_claimed"
-    return _run_claimed(run, owner, settings, report)
+    return _run_claimed(run, owner, settings, report, cancellation)
 
 
-def _run_distributed(run_id: str, owner: str, settings: Settings, report: Report | None, state: Any) -> str:
+def _run_distributed(
+    run_id: str, owner: str, settings: Settings, report: Report | None, state: Any, cancellation: Cancellation
+) -> str:
     from accelerate.utils import broadcast_object_list
 
     claimed: list[Any] = [None]
@@ -622,17 +784,22 @@ def _run_distributed(run_id: str, owner: str, settings: Settings, report: Report
     if claimed[0] is None:
         return "not_claimed"
     if state.is_main_process:
-        return _run_claimed(claimed[0], owner, settings, report)
+        return _run_claimed(claimed[0], owner, settings, report, cancellation)
     run = claimed[0]
     config = LoopConfig.for_algo(
         run.config.get("algo", run.algo), **{k: v for k, v in run.config.items() if k != "algo"}
     )
-    trainer = Trainer(settings, config, run_id)
-    trainer.run(trainer.setup())
+    trainer = Trainer(settings, config, run_id)  # stops when the main process does (collective safe points)
+    try:
+        trainer.run(trainer.setup())
+    except RunStopped:
+        return "cancelled"
     return "finished"
 
 
-def _run_claimed(run: TrainingRun, owner: str, settings: Settings, report: Report | None) -> str:
+def _run_claimed(
+    run: TrainingRun, owner: str, settings: Settings, report: Report | None, cancellation: Cancellation
+) -> str:
     run_id = run.id
     to_db = db_reporter(run_id)
 
@@ -641,15 +808,17 @@ def _run_claimed(run: TrainingRun, owner: str, settings: Settings, report: Repor
         if report is not None:
             report(progress)
 
-    heartbeat = RunHeartbeat(run_id, owner, settings)
+    heartbeat = RunHeartbeat(run_id, owner, settings, cancellation)
     heartbeat.start()
     try:
         config = LoopConfig.for_algo(
             run.config.get("algo", run.algo), **{k: v for k, v in run.config.items() if k != "algo"}
         )
-        trainer = Trainer(settings, config, run_id, report=both)
+        trainer = Trainer(settings, config, run_id, report=both, cancellation=cancellation, owner=owner)
         start = trainer.setup()
         trainer.run(start)
+    except RunStopped as stop:
+        return _record_stop(run_id, owner, stop)
     except Exception as exc:
         log.exception("training run %s failed", run_id)
         with session_scope() as s:
@@ -666,6 +835,10 @@ def _run_claimed(run: TrainingRun, owner: str, settings: Settings, report: Repor
             )
         events.publish(events.run_channel(run_id), {"type": "done"})
         return "failed"
+    except BaseException as exc:  # KeyboardInterrupt, SystemExit: this process stops now, wherever it was
+        why = cancellation.reason or f"the learner process was interrupted ({type(exc).__name__})"
+        _record_stop(run_id, owner, RunStopped(why, "at once, in the middle of its current step"))
+        raise
     finally:
         heartbeat.stop_event.set()
     with session_scope() as s:
@@ -682,3 +855,23 @@ def _run_claimed(run: TrainingRun, owner: str, settings: Settings, report: Repor
         )
     events.publish(events.run_channel(run_id), {"type": "done"})
     return "finished"
+
+
+def _record_stop(run_id: str, owner: str, stop: RunStopped) -> str:
+    """The run stopped at a safe point: record it as cancelled (a run whose lease another learner or the
+    sweeper holds now is theirs to record)."""
+    if stop.lease_lost:
+        log.warning("training run %s: %s", run_id, stop)
+        return "lease_lost"
+    log.info("training run %s: %s", run_id, stop)
+    with session_scope() as s:
+        run = s.scalars(
+            sa.select(TrainingRun).where(TrainingRun.id == run_id, TrainingRun.lease_owner == owner).with_for_update()
+        ).first()
+        if run is not None:
+            run.cancel_requested = True  # never claimed again, even by a sweeper that misses the status
+            kept = "; nothing of that iteration was kept" if stop.where.startswith(("in iteration", "at once")) else ""
+            mark_cancelled(run, f"{stop}{kept}", utcnow())
+            run.progress = {**run.progress, "stopped": stop.where}
+    events.publish(events.run_channel(run_id), {"type": "done"})
+    return "cancelled"

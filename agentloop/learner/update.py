@@ -14,7 +14,7 @@ import math
 import random
 import resource
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -122,9 +122,12 @@ def update(
     pad_id: int,
     rng: random.Random,
     reference: Any | None = None,
+    between_steps: Callable[[int], None] | None = None,
 ) -> dict[str, float]:
     """Train on the rollouts. `old_logprobs` None: the sampler's log-probs are pi_old. With several
-    processes, each takes its share of every minibatch; gradients are averaged across them."""
+    processes, each takes its share of every minibatch; gradients are averaged across them.
+    `between_steps(steps_done)` runs after each optimizer step (the trainer's cancel check: an exception
+    from it stops the update there)."""
     device = accelerator.device
     world, rank = accelerator.num_processes, accelerator.process_index
     params = [p for p in module.parameters() if p.requires_grad]
@@ -202,6 +205,8 @@ def update(
             if mean_kl > config.kl_stop:
                 stopped = True
                 break
+            if between_steps is not None:
+                between_steps(steps)
         if stopped:
             break
     elapsed = time.perf_counter() - start

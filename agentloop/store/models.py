@@ -69,8 +69,8 @@ class TrainingRunStatus:
     QUEUED = "queued"
     RUNNING = "running"
     FINISHED = "finished"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
+    FAILED = "failed"  # an error, or a lost `agentloop learn` (resume it with `agentloop learn --resume`)
+    CANCELLED = "cancelled"  # stopped by an admin or a signal, at a safe point; nothing it was doing was kept
     TERMINAL = (FINISHED, FAILED, CANCELLED)
     ALL = (QUEUED, RUNNING, FINISHED, FAILED, CANCELLED)
 
@@ -152,13 +152,17 @@ class TrainingRun(Base):
     id: Mapped[str] = mapped_column(sa.String(36), primary_key=True, default=new_id)
     algo: Mapped[str] = mapped_column(sa.String(32))
     status: Mapped[str] = mapped_column(sa.String(16), default=TrainingRunStatus.QUEUED)
-    trigger: Mapped[str] = mapped_column(sa.String(32), default="admin")
+    trigger: Mapped[str] = mapped_column(sa.String(32), default="admin")  # admin | cli | schedule:<why>
+    # the tenant whose admin started it; None: the deployment's (`agentloop learn`, the schedule)
+    tenant_id: Mapped[str | None] = mapped_column(sa.ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
     config: Mapped[dict[str, Any]]
     progress: Mapped[dict[str, Any]] = mapped_column(default=dict)
     metrics: Mapped[list[Any]] = mapped_column(default=list)
     iteration: Mapped[int] = mapped_column(default=0)
     attempts: Mapped[int] = mapped_column(default=0, server_default="0")
-    error: Mapped[str | None] = mapped_column(sa.Text)
+    # the learner stops at its next safe point and records the run as cancelled; never claimed again
+    cancel_requested: Mapped[bool] = mapped_column(default=False, server_default=sa.false())
+    error: Mapped[str | None] = mapped_column(sa.Text)  # why it failed, was cancelled or was re-queued
     adapter: Mapped[str | None] = mapped_column(sa.String(200))
     lease_owner: Mapped[str | None] = mapped_column(sa.String(200))
     lease_expires_at: Mapped[datetime | None]

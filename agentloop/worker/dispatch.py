@@ -92,12 +92,17 @@ def publish_rollouts(
 def sweep(settings: Settings) -> dict[str, int]:
     """Re-queue (or fail) tasks whose worker stopped heartbeating; re-publish queued tasks whose
     message may be lost. Safe to run concurrently and repeatedly: claims are atomic."""
-    requeued, failed = [], 0
+    requeued, failed, cancelled = [], 0, []
     now = utcnow()
     with session_scope() as s:
         for task in task_store.expired_leases(s, now):
             task_store.abandon_running_episodes(s, task.id, "worker_lost")
-            if task.attempts >= settings.max_attempts:
+            if task.cancel_requested:  # nobody would claim it again: it ends as its client asked
+                task.status = TaskStatus.CANCELLED
+                task.error = f"cancelled; its worker was lost during attempt {task.attempts} (lease expired)"
+                task.finished_at = now
+                cancelled.append(task.id)
+            elif task.attempts >= settings.max_attempts:
                 task.status = TaskStatus.FAILED
                 task.error = (
                     f"worker lost during attempt {task.attempts} (lease expired); gave up after "
@@ -111,7 +116,7 @@ def sweep(settings: Settings) -> dict[str, int]:
                 requeued.append(task.id)
             task.lease_owner = None
             task.lease_expires_at = None
-    for task_id in requeued:
+    for task_id in [*requeued, *cancelled]:
         events.publish(events.task_channel(task_id), {"type": "status"})
     with session_scope() as s:
         stale = [
@@ -124,35 +129,65 @@ def sweep(settings: Settings) -> dict[str, int]:
         ]
     republished = sum(publish_episode(tid) for tid in [*requeued, *stale])
     runs = sweep_training_runs(settings, now)
-    if requeued or failed or stale:
-        log.info("sweep: requeued %d, failed %d, republished %d", len(requeued), failed, republished)
-    return {"requeued": len(requeued), "failed": failed, "republished": republished, **runs}
+    if requeued or failed or cancelled or stale:
+        log.info(
+            "sweep: requeued %d, failed %d, cancelled %d, republished %d",
+            len(requeued),
+            failed,
+            len(cancelled),
+            republished,
+        )
+    return {
+        "requeued": len(requeued),
+        "failed": failed,
+        "cancelled": len(cancelled),
+        "republished": republished,
+        **runs,
+    }
 
 
 def sweep_training_runs(settings: Settings, now: Any) -> dict[str, int]:
     """A learner that stopped heartbeating: record why and re-queue its run (it resumes from its last
-    checkpoint), or fail it after max_attempts."""
+    checkpoint), or fail it after max_attempts. Never re-queued: a run with a cancel request (it is
+    cancelled now), and a run of `agentloop learn` (it is failed with how to resume it: only
+    `agentloop learn --resume` resumes it, never a server's worker)."""
     import sqlalchemy as sa
 
-    from agentloop.store.models import TrainingRun
+    from agentloop.store.models import TrainingRun, TrainingRunStatus
+    from agentloop.store.training_runs import CLI_TRIGGER, mark_cancelled
 
     requeued: list[str] = []
-    failed = 0
+    failed = cancelled = interrupted = 0
     with session_scope() as s:
         lost = s.scalars(
             sa.select(TrainingRun)
-            .where(TrainingRun.status == "running", TrainingRun.lease_expires_at < now)
+            .where(TrainingRun.status == TrainingRunStatus.RUNNING, TrainingRun.lease_expires_at < now)
             .with_for_update(skip_locked=True)
         ).all()
         for run in lost:
             note = f"learner lost during attempt {run.attempts} at iteration {run.iteration} (lease expired)"
             run.lease_owner, run.lease_expires_at = None, None
-            if run.attempts >= settings.max_attempts:
-                run.status, run.error, run.finished_at = "failed", f"{note}; gave up", now
+            if run.cancel_requested:
+                mark_cancelled(run, f"{run.error or 'cancelled'}; {note} before it stopped", now)
+                cancelled += 1
+            elif run.trigger == CLI_TRIGGER:
+                run.status, run.finished_at = TrainingRunStatus.FAILED, now
+                run.error = (
+                    f"the `agentloop learn` process running it stopped at iteration {run.iteration} (lease "
+                    f"expired); resume it with `agentloop learn --resume {run.id}`"
+                )
+                interrupted += 1
+            elif run.attempts >= settings.max_attempts:
+                run.status, run.error, run.finished_at = TrainingRunStatus.FAILED, f"{note}; gave up", now
                 failed += 1
             else:
-                run.status, run.error = "queued", f"{note}; resuming from its last checkpoint"
+                run.status, run.error = TrainingRunStatus.QUEUED, f"{note}; resuming from its last checkpoint"
                 requeued.append(run.id)
     for run_id in requeued:
         publish_training(run_id)
-    return {"runs_requeued": len(requeued), "runs_failed": failed}
+    return {
+        "runs_requeued": len(requeued),
+        "runs_failed": failed,
+        "runs_cancelled": cancelled,
+        "runs_interrupted": interrupted,
+    }

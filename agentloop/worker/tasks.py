@@ -11,7 +11,7 @@ from typing import Any
 from celery import Task as CeleryTask
 from sqlalchemy.exc import OperationalError
 
-from agentloop.agent.runner import run_served_task
+from agentloop.agent.runner import PINS, run_served_task
 from agentloop.policy import get_policy
 from agentloop.settings import get_settings
 from agentloop.worker.celery_app import app
@@ -33,7 +33,9 @@ log = logging.getLogger(__name__)
 def run_episode(self: CeleryTask, task_id: str) -> str:
     settings = get_settings()
     owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"  # unique per delivery
-    outcome = run_served_task(task_id, owner, get_policy(settings), settings)
+    policy = get_policy(settings)
+    PINS.follow(policy, settings)  # from now on this process loads announced versions as they come
+    outcome = run_served_task(task_id, owner, policy, settings)
     log.info("task %s: %s", task_id, outcome)
     return outcome
 

@@ -1,7 +1,10 @@
-"""Hot-swap under load: an adapter is promoted while 20 served episodes run on one policy."""
+"""Hot-swap: an adapter promoted while 20 served episodes run on one policy; a serving process that loads
+an announced version before any episode asks for it."""
 
 import threading
+import time
 
+import pytest
 import sqlalchemy as sa
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM
@@ -10,8 +13,12 @@ from agentloop.agent import runner
 from agentloop.learner import adapters
 from agentloop.policy.local import LocalPolicy
 from agentloop.settings import get_settings
+from agentloop.store import adapters as adapter_store
 from agentloop.store.db import session_scope
 from agentloop.store.models import Episode, Task, TaskStatus, Tenant
+from tests.api.test_admin_api import env
+from tests.factories import bearer, save_random_lora
+from tests.processes import wait_for
 
 
 def _save_version(settings, model_dir, seed):
@@ -107,3 +114,71 @@ def test_promotion_during_twenty_running_episodes(sqlite_db, tiny_model_dir, tok
     (last,) = _new_tasks(1)
     serve(last)
     assert policy.loaded_adapters() == {new}
+
+
+def _save_candidate(settings, model_dir, seed):
+    import torch
+
+    torch.manual_seed(seed)
+    model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(model_dir),
+        LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False),
+    )
+    with session_scope() as s:
+        row = adapters.save_adapter(
+            s, model, settings.adapters_dir, settings.model_name, parent=None, training_run_id=None
+        )
+        return row.name, row.path
+
+
+def _activate_quietly(name):
+    """Activated and committed, not announced."""
+    with session_scope() as s:
+        row = adapter_store.get_adapter(s, name)
+        assert row is not None
+        adapters.activate(s, row)
+        s.flush()
+        s.expunge(row)
+    return row
+
+
+@pytest.mark.services
+def test_a_serving_process_loads_an_announced_version_before_any_episode_asks(
+    sqlite_db, redis_url, tiny_model_dir, tokenizer, configure_env, tmp_path
+):
+    configure_env(MODEL=str(tiny_model_dir), REDIS_URL=redis_url)
+    settings = get_settings()
+    client, keys = env()
+    admin = bearer(keys.tenant_a_admin)
+    (v1, _), (v2, _) = _save_candidate(settings, tiny_model_dir, 1), _save_candidate(settings, tiny_model_dir, 2)
+    _activate_quietly(v1)
+    policy = LocalPolicy(AutoModelForCausalLM.from_pretrained(tiny_model_dir), tokenizer, settings.model_name, seed=0)
+    policy.load_adapter("run-x-it0", str(save_random_lora(tiny_model_dir, tmp_path / "rollout")))  # a rollout job's
+    pins = runner.AdapterPins()  # this process's, as a worker's PINS
+    listener = pins.follow(policy, settings)
+    assert listener is not None
+    try:
+        assert listener.subscribed.wait(10)
+        # on subscribing it looked once: v1, activated while nobody listened, is loaded
+        assert policy.loaded_adapters() == {v1, "run-x-it0"}
+
+        # committed but not announced: nothing moves (no polling in this process)...
+        row = _activate_quietly(v2)
+        time.sleep(1.5)
+        assert policy.loaded_adapters() == {v1, "run-x-it0"}
+        # ...announced: v2 is loaded at once, v1 (no episode runs on it) unloaded, the job's left alone
+        started = time.monotonic()
+        adapters.announce(row)
+        wait_for(lambda: policy.loaded_adapters() == {v2, "run-x-it0"}, 10, "v2 to be loaded on its notice")
+        assert time.monotonic() - started < 5
+
+        # an episode in flight on v2 keeps it while an admin rolls back to v1 (REST, which announces)
+        assert pins.pin(policy, settings) == v2
+        assert client.post(f"/v1/admin/adapters/{v1}/activate", headers=admin).status_code == 200
+        wait_for(lambda: policy.loaded_adapters() == {v1, v2, "run-x-it0"}, 10, "v1 to be loaded on its notice")
+        pins.release(v2)
+        assert pins.pin(policy, settings) == v1  # the next episode finds v1 loaded and starts on it
+        assert policy.loaded_adapters() == {v1, "run-x-it0"}  # v2 went once its episode ended
+    finally:
+        listener.stop()
+    assert not listener.is_alive()

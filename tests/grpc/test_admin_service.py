@@ -2,6 +2,7 @@
 
 import asyncio
 import json
+import threading
 
 import grpc
 import pytest
@@ -9,11 +10,14 @@ import sqlalchemy as sa
 from google.protobuf import json_format, struct_pb2
 
 from agentloop.learner.adapters import directory_sha256
+from agentloop.learner.trainer import run_training
 from agentloop.proto_gen.agentloop.v1 import agent_pb2 as pb
+from agentloop.settings import get_settings
 from agentloop.store.db import session_scope
 from agentloop.store.models import Adapter, TrainingRun, TrainingRunStatus, utcnow
 from tests.grpc.conftest import auth
 from tests.grpc.test_agent_service import expect_error
+from tests.learner.conftest import lights_model_dir, lights_world  # noqa: F401 (fixtures, by name)
 
 
 def struct(value: dict) -> struct_pb2.Struct:
@@ -25,47 +29,99 @@ def update_run(run_id: str, **values) -> None:
         s.execute(sa.update(TrainingRun).where(TrainingRun.id == run_id).values(**values))
 
 
-def test_train_queues_a_run_and_its_progress_streams_until_it_ends(api):
+TRAIN_LIGHTS = {
+    "world": "lights",
+    "tasks_per_iteration": 4,
+    "rollouts_per_task": 4,
+    "max_turns": 1,
+    "max_new_tokens": 40,
+    "dev_limit": 2,
+    "dev_max_turns": 1,
+    "promotion_tolerance": 100.0,
+    "seed": 0,  # seeded: this model's 16 rollouts earn unequal rewards, so the iteration updates and gates
+}
+
+
+def phases(progress_dicts) -> list[str]:
+    """The phases in order, each run of equal ones once."""
+    out: list[str] = []
+    for progress in progress_dicts:
+        phase = progress.get("phase")
+        if phase is not None and (not out or out[-1] != phase):
+            out.append(phase)
+    return out
+
+
+class Lockstep:
+    """The learner's reporter waits, at each new phase, until the stream has shown that progress: the
+    stream must then deliver every phase (not only those a poll happens to catch), in order."""
+
+    def __init__(self) -> None:
+        self.reported: list[dict] = []
+        self.streamed: list[dict] = []
+        self.since = 0  # streamed[since:] came after the last phase was shown
+        self.changed = threading.Condition()
+
+    def report(self, progress: dict) -> None:  # the learner's thread, after db_reporter wrote it
+        shown = {k: v for k, v in progress.items() if k != "metrics"}
+        new_phase = not self.reported or self.reported[-1]["phase"] != progress["phase"]
+        self.reported.append(progress)
+        if new_phase:
+            with self.changed:
+                if not self.changed.wait_for(lambda: shown in self.streamed[self.since :], timeout=30):
+                    raise AssertionError(f"the stream never showed {shown}; it showed {self.streamed}")
+                self.since = len(self.streamed)
+
+    def stream(self, progress: dict) -> None:  # the client's loop
+        with self.changed:
+            self.streamed.append(progress)
+            self.changed.notify_all()
+
+
+def test_progress_streams_the_learners_phases_until_the_run_ends(api, configure_env, request):
+    request.getfixturevalue("lights_world")
+    configure_env(MODEL=str(request.getfixturevalue("lights_model_dir")), MAX_BATCH_SIZE=16)
     admin = auth(api.keys.tenant_a_admin)
+    lockstep = Lockstep()
+    outcome: list[str] = []
+
+    def learner(run_id: str) -> None:  # the real trainer with its real reporter, as a learner worker runs it
+        outcome.append(run_training(run_id, "test-learner", get_settings(), report=lockstep.report))
 
     async def scenario():
         async with api.connect() as c:
-            run = await c.admin.Train(
-                pb.TrainRequest(iterations=2, config=struct({"tasks_per_iteration": 8, "lr": 1e-5})), metadata=admin
-            )
+            run = await c.admin.Train(pb.TrainRequest(iterations=1, config=struct(TRAIN_LIGHTS)), metadata=admin)
             got = await c.admin.GetTrainingRun(pb.GetTrainingRunRequest(run_id=run.id), metadata=admin)
-            updates = []
+            updates, thread = [], threading.Thread(target=learner, args=(run.id,))
             stream = c.admin.StreamTrainingProgress(pb.StreamTrainingProgressRequest(run_id=run.id), metadata=admin)
             async for update in stream:
                 updates.append(update)
-                # the learner's side, as it would write it: start, report progress, finish
+                lockstep.stream(json_format.MessageToDict(update.progress))
                 if len(updates) == 1:
-                    update_run(
-                        run.id,
-                        status=TrainingRunStatus.RUNNING,
-                        started_at=utcnow(),
-                        progress={"phase": "rollouts", "done": 3},
-                    )
-                elif len(updates) == 2:
-                    update_run(run.id, iteration=1, metrics=[{"reward/mean": 0.25, "loss/clip_frac": 0.1}])
-                elif len(updates) == 3:
-                    update_run(run.id, status=TrainingRunStatus.FINISHED, finished_at=utcnow(), adapter="tiny@v1")
+                    thread.start()
+            thread.join(60)
             return run, got, updates, await stream.code()
 
     run, got, updates, code = asyncio.run(scenario())
+    assert outcome == ["finished"], updates[-1].error
     assert run.status == pb.TRAINING_RUN_STATUS_QUEUED and run.algo == "loop" and run.trigger == "admin"
     config = json_format.MessageToDict(run.config)
-    assert config["tasks_per_iteration"] == 8 and config["iterations"] == 2 and config["lr"] == 1e-5
+    assert config["world"] == "lights" and config["iterations"] == 1 and config["rollouts_per_task"] == 4
     assert got == run
-    assert [u.status for u in updates] == [
-        pb.TRAINING_RUN_STATUS_QUEUED,
-        pb.TRAINING_RUN_STATUS_RUNNING,
-        pb.TRAINING_RUN_STATUS_RUNNING,
-        pb.TRAINING_RUN_STATUS_FINISHED,
-    ]
-    assert json_format.MessageToDict(updates[1].progress) == {"phase": "rollouts", "done": 3}
-    assert updates[2].iteration == 1 and json_format.MessageToDict(updates[2].metrics[0])["reward/mean"] == 0.25
-    assert updates[3].adapter == "tiny@v1" and updates[3].HasField("finished_at")
+    assert updates[0].status == pb.TRAINING_RUN_STATUS_QUEUED
+    assert {u.status for u in updates[1:-1]} == {pb.TRAINING_RUN_STATUS_RUNNING}
+    streamed = [json_format.MessageToDict(u.progress) for u in updates]
+    reported = phases(lockstep.reported)
+    # the producer's phases, all of them, in its order, then the end
+    assert reported == ["rollouts", "updating", "evaluating", "saving", "evaluating", "iteration_done"]
+    assert phases(streamed) == ["queued", *reported, "finished"]
+    rollouts = [p for p in streamed if p.get("phase") == "rollouts"]
+    assert rollouts[0]["rollouts_done"] == 0 and rollouts[0]["rollouts_total"] == 16
+    last = updates[-1]
+    assert last.status == pb.TRAINING_RUN_STATUS_FINISHED and last.HasField("finished_at")
+    assert last.iteration == 1 and len(last.metrics) == 1
+    metrics = json_format.MessageToDict(last.metrics[0])
+    assert metrics["rollouts"] == 16 and last.adapter == metrics["adapter"]
     assert code == grpc.StatusCode.OK  # the stream ended by itself, cleanly
 
 

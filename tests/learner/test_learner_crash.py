@@ -98,10 +98,11 @@ def test_learner_killed_mid_work_loses_nothing_and_resumes(
 
     time.sleep(4.5)  # the lease expires
     swept = sweep_training_runs(settings, utcnow())
-    assert swept == {"runs_requeued": 1, "runs_failed": 0}
+    # a run of `agentloop learn`: no server's learner takes it over; only `agentloop learn --resume` does
+    assert swept == {"runs_requeued": 0, "runs_failed": 0, "runs_cancelled": 0, "runs_interrupted": 1}
     with session_scope() as s:
         run = s.get(TrainingRun, run_id)
-        assert run.status == "queued" and "learner lost during attempt 1" in run.error
+        assert run.status == "failed" and f"resume it with `agentloop learn --resume {run_id}`" in run.error
 
     resumed = learn("learn", "--resume", run_id)
     assert resumed.returncode == 0, resumed.stderr[-3000:]

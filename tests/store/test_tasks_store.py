@@ -105,6 +105,22 @@ def test_sweep_requeues_lost_tasks_then_gives_up(db_url, configure_env):
                 assert "gave up after 2 attempts" in task.error and task.finished_at is not None
 
 
+def test_sweep_ends_a_lost_task_whose_cancel_was_asked_for_as_cancelled(db_url):
+    task_id = new_task()
+    with session_scope() as s:
+        assert task_store.claim_task(s, task_id, "w1", 30)
+        task = s.get(Task, task_id)
+        task.cancel_requested = True
+        task.lease_expires_at = utcnow() - timedelta(seconds=1)
+    result = sweep(get_settings())
+    assert result["cancelled"] == 1 and result["requeued"] == 0
+    with session_scope() as s:
+        task = s.get(Task, task_id)
+        assert task.status == TaskStatus.CANCELLED and task.finished_at is not None
+        assert "worker was lost" in task.error and task.lease_owner is None
+    assert sweep(get_settings())["cancelled"] == 0  # ended once
+
+
 def test_sweep_republishes_queued_tasks_whose_message_was_lost(db_url):
     old = utcnow() - timedelta(hours=1)
     never_sent = new_task(created_at=old)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 
+from agentloop import events
 from agentloop.api import service, streams
 from agentloop.api.auth import Principal
 from agentloop.api.grpc import messages
@@ -24,6 +25,15 @@ def start_training(caller: Principal, body: TrainCreate) -> TrainingRunPublic:
         session.commit()
     publish_training(run.id)
     return service.training_run_public(run)
+
+
+def cancel_training_run(caller: Principal, run_id: str) -> TrainingRunPublic:
+    with get_sessionmaker()() as session:
+        run = service.cancel_training_run(session, caller, run_id)
+        session.commit()
+        public = service.training_run_public(run)
+    events.publish(events.run_channel(run_id), {"type": "progress"})
+    return public
 
 
 def list_adapters(caller: Principal, base_model: str | None) -> Sequence[AdapterPublic]:
@@ -61,6 +71,11 @@ class AdminService(agent_pb2_grpc.AdminServiceServicer):
         caller = await admin(context)
         async for run in streams.follow_training_run(caller, request.run_id, deadline=deadline(context)):
             yield messages.training_run(run)
+
+    @translates_errors
+    async def CancelTrainingRun(self, request: pb.CancelTrainingRunRequest, context: Context) -> pb.TrainingRun:
+        caller = await admin(context)
+        return messages.training_run(await blocking(context, cancel_training_run, caller, request.run_id))
 
     @translates_errors
     async def ListAdapters(self, request: pb.ListAdaptersRequest, context: Context) -> pb.ListAdaptersResponse:

@@ -219,6 +219,7 @@ def training_run(r: TrainingRunPublic) -> pb.TrainingRun:
         created_at=timestamp(r.created_at),
         started_at=timestamp(r.started_at),
         finished_at=timestamp(r.finished_at),
+        cancel_requested=r.cancel_requested,
     )
 
 

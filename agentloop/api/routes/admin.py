@@ -1,15 +1,18 @@
-"""/v1/admin: start training, follow training runs, list adapters, activate one (rollback). Admin keys only."""
+"""/v1/admin: start training, follow and cancel training runs, list adapters, activate one (rollback). Admin keys
+only; a tenant's admins see the runs they started and the deployment's (`agentloop learn`, the schedule)."""
 
 from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query, status
+from fastapi import APIRouter, Query, Response, status
 
+from agentloop import events
 from agentloop.api import service
 from agentloop.api.deps import AdminPrincipal, SessionDep
 from agentloop.api.schemas import AdapterPublic, ErrorBody, TrainCreate, TrainingRunPublic
 from agentloop.learner import adapters
+from agentloop.store.models import TrainingRunStatus
 from agentloop.worker.dispatch import publish_training
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"], responses={401: {"model": ErrorBody}, 403: {"model": ErrorBody}})
@@ -40,6 +43,26 @@ def training_runs(
 def training_run(run_id: str, session: SessionDep, principal: AdminPrincipal) -> TrainingRunPublic:
     """Progress (phase, tasks and rollouts done) and per-iteration metrics."""
     return service.training_run_public(service.get_training_run(session, principal, run_id))
+
+
+@router.post(
+    "/training-runs/{run_id}/cancel",
+    response_model=TrainingRunPublic,
+    status_code=status.HTTP_202_ACCEPTED,
+    responses={200: {"model": TrainingRunPublic}, 404: {"model": ErrorBody}, 409: {"model": ErrorBody}},
+)
+def cancel_training_run(
+    run_id: str, session: SessionDep, principal: AdminPrincipal, response: Response
+) -> TrainingRunPublic:
+    """Cancel a run: a queued one at once (200, `cancelled`); a running one at its learner's next safe point
+    (202, still `running` with `cancel_requested`; it ends `cancelled`). Nothing of the iteration it stops in
+    is kept and the active adapter keeps serving. A run that already ended is 409."""
+    run = service.cancel_training_run(session, principal, run_id)
+    session.commit()
+    events.publish(events.run_channel(run_id), {"type": "progress"})
+    if run.status == TrainingRunStatus.CANCELLED:
+        response.status_code = status.HTTP_200_OK
+    return service.training_run_public(run)
 
 
 @router.get("/adapters", response_model=list[AdapterPublic])

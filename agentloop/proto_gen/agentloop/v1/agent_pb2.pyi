@@ -320,8 +320,14 @@ class StreamTrainingProgressRequest(_message.Message):
     run_id: str
     def __init__(self, run_id: _Optional[str] = ...) -> None: ...
 
+class CancelTrainingRunRequest(_message.Message):
+    __slots__ = ("run_id",)
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    def __init__(self, run_id: _Optional[str] = ...) -> None: ...
+
 class TrainingRun(_message.Message):
-    __slots__ = ("id", "algo", "status", "trigger", "iteration", "progress", "metrics", "config", "error", "adapter", "created_at", "started_at", "finished_at")
+    __slots__ = ("id", "algo", "status", "trigger", "iteration", "progress", "metrics", "config", "error", "adapter", "created_at", "started_at", "finished_at", "cancel_requested")
     ID_FIELD_NUMBER: _ClassVar[int]
     ALGO_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
@@ -335,6 +341,7 @@ class TrainingRun(_message.Message):
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
     STARTED_AT_FIELD_NUMBER: _ClassVar[int]
     FINISHED_AT_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_REQUESTED_FIELD_NUMBER: _ClassVar[int]
     id: str
     algo: str
     status: TrainingRunStatus
@@ -348,7 +355,8 @@ class TrainingRun(_message.Message):
     created_at: _timestamp_pb2.Timestamp
     started_at: _timestamp_pb2.Timestamp
     finished_at: _timestamp_pb2.Timestamp
-    def __init__(self, id: _Optional[str] = ..., algo: _Optional[str] = ..., status: _Optional[_Union[TrainingRunStatus, str]] = ..., trigger: _Optional[str] = ..., iteration: _Optional[int] = ..., progress: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., metrics: _Optional[_Iterable[_Union[_struct_pb2.Struct, _Mapping]]] = ..., config: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., error: _Optional[str] = ..., adapter: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    cancel_requested: bool
+    def __init__(self, id: _Optional[str] = ..., algo: _Optional[str] = ..., status: _Optional[_Union[TrainingRunStatus, str]] = ..., trigger: _Optional[str] = ..., iteration: _Optional[int] = ..., progress: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., metrics: _Optional[_Iterable[_Union[_struct_pb2.Struct, _Mapping]]] = ..., config: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., error: _Optional[str] = ..., adapter: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., cancel_requested: _Optional[bool] = ...) -> None: ...
 
 class ListAdaptersRequest(_message.Message):
     __slots__ = ("base_model",)

@@ -465,6 +465,11 @@ class AdminServiceStub:
                 request_serializer=agentloop_dot_v1_dot_agent__pb2.StreamTrainingProgressRequest.SerializeToString,
                 response_deserializer=agentloop_dot_v1_dot_agent__pb2.TrainingRun.FromString,
                 _registered_method=True)
+        self.CancelTrainingRun = channel.unary_unary(
+                '/agentloop.v1.AdminService/CancelTrainingRun',
+                request_serializer=agentloop_dot_v1_dot_agent__pb2.CancelTrainingRunRequest.SerializeToString,
+                response_deserializer=agentloop_dot_v1_dot_agent__pb2.TrainingRun.FromString,
+                _registered_method=True)
         self.ListAdapters = channel.unary_unary(
                 '/agentloop.v1.AdminService/ListAdapters',
                 request_serializer=agentloop_dot_v1_dot_agent__pb2.ListAdaptersRequest.SerializeToString,
@@ -508,6 +513,17 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CancelTrainingRun(self, request, context):
+        """Cancel a training run. A queued run is CANCELLED at once; a running one gets cancel_requested =
+        true (still RUNNING) and its learner stops at the next safe point (between rollout batches, after
+        the rollouts, between update minibatches, before promotion), keeping nothing of that iteration:
+        the active adapter keeps serving. NOT_FOUND for an unknown run or another tenant's;
+        FAILED_PRECONDITION for a run that already ended (FINISHED, FAILED or CANCELLED).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListAdapters(self, request, context):
         """Stored adapter versions, by base model, newest first.
         """
@@ -540,6 +556,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
             'StreamTrainingProgress': grpc.unary_stream_rpc_method_handler(
                     servicer.StreamTrainingProgress,
                     request_deserializer=agentloop_dot_v1_dot_agent__pb2.StreamTrainingProgressRequest.FromString,
+                    response_serializer=agentloop_dot_v1_dot_agent__pb2.TrainingRun.SerializeToString,
+            ),
+            'CancelTrainingRun': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelTrainingRun,
+                    request_deserializer=agentloop_dot_v1_dot_agent__pb2.CancelTrainingRunRequest.FromString,
                     response_serializer=agentloop_dot_v1_dot_agent__pb2.TrainingRun.SerializeToString,
             ),
             'ListAdapters': grpc.unary_unary_rpc_method_handler(
@@ -638,6 +659,33 @@ class AdminService:
             target,
             '/agentloop.v1.AdminService/StreamTrainingProgress',
             agentloop_dot_v1_dot_agent__pb2.StreamTrainingProgressRequest.SerializeToString,
+            agentloop_dot_v1_dot_agent__pb2.TrainingRun.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelTrainingRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentloop.v1.AdminService/CancelTrainingRun',
+            agentloop_dot_v1_dot_agent__pb2.CancelTrainingRunRequest.SerializeToString,
             agentloop_dot_v1_dot_agent__pb2.TrainingRun.FromString,
             options,
             channel_credentials,
