@@ -109,6 +109,23 @@ class Settings(BaseSettings):
         10.0, description="On SIGTERM/SIGINT, running requests and streams (REST and gRPC) get this long to finish."
     )
 
+    # --- external apps (OpenAPI documents; a document over a limit is refused with 422) ----------
+    openapi_max_operations: int = Field(500, description="Most operations one app's document may declare.")
+    openapi_max_ref_depth: int = Field(
+        32, description="Most `$ref`s nested inside each other (A refers to B, which refers to C, ...)."
+    )
+    openapi_max_schema_depth: int = Field(
+        64,
+        description="Most objects/arrays nested inside each other in one schema once its `$ref`s are expanded "
+        "(at most 128).",
+    )
+    openapi_max_operation_schema_bytes: int = Field(
+        65_536, description="Largest argument schemas of one operation, as compact JSON once `$ref`s are expanded."
+    )
+    openapi_max_app_schema_bytes: int = Field(
+        2_097_152, description="Largest argument schemas of all of an app's operations together, expanded likewise."
+    )
+
     @model_validator(mode="after")
     def _check(self) -> Settings:
         if self.env == "production" and self.secret_key == DEFAULT_SECRET:
@@ -120,6 +137,12 @@ class Settings(BaseSettings):
             raise ValueError("AGENTLOOP_LEASE_S must be at least 4 seconds")
         if self.visibility_timeout_s <= self.lease_s:
             raise ValueError("AGENTLOOP_VISIBILITY_TIMEOUT_S must exceed AGENTLOOP_LEASE_S")
+        if not 1 <= self.openapi_max_schema_depth <= 128:
+            # jsonschema recurses several frames per level when it checks a call's arguments
+            raise ValueError("AGENTLOOP_OPENAPI_MAX_SCHEMA_DEPTH must be between 1 and 128")
+        for name in ("operations", "ref_depth", "operation_schema_bytes", "app_schema_bytes"):
+            if getattr(self, f"openapi_max_{name}") < 1:
+                raise ValueError(f"AGENTLOOP_OPENAPI_MAX_{name.upper()} must be at least 1")
         return self
 
     # --- derived -----------------------------------------------------------------------------

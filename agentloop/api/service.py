@@ -43,6 +43,7 @@ from agentloop.api.schemas import (
 from agentloop.apps.base import ApiError
 from agentloop.apps.external import ExternalApp, split_task_ref
 from agentloop.apps.openapi import EVALUATE_OP, HIDDEN_OPS, RESET_OP, AppRegistrationError, Origin, parse_document
+from agentloop.apps.openapi_refs import DocumentLimitExceeded
 from agentloop.apps.registry import UnknownWorld, WorldProvider, get_world
 from agentloop.apps.world import ALWAYS_AVAILABLE
 from agentloop.learner import adapters
@@ -255,7 +256,12 @@ def add_feedback(session: Session, principal: Principal, task_id: str, body: Fee
 
 def external_app(session: Session, principal: Principal, name: str, secret_key: str) -> ExternalApp | None:
     row = app_store.get_app(session, principal.tenant_id, name)
-    return app_store.to_external(row, secret_key) if row is not None else None
+    if row is None:
+        return None
+    try:
+        return app_store.to_external(row, secret_key)
+    except AppRegistrationError as exc:  # registered before the current limits and over one
+        raise InvalidRequest(f"app {name!r} can no longer be used: {exc}; register it again") from None
 
 
 def register_app(session: Session, principal: Principal, body: AppCreate, secret_key: str) -> App:
@@ -269,6 +275,8 @@ def register_app(session: Session, principal: Principal, body: AppCreate, secret
     try:
         operations = parse_document(body.openapi)
         Origin.parse(body.base_url).checked_addresses(body.allow_private)
+    except DocumentLimitExceeded as exc:
+        raise InvalidRequest(str(exc), {"limit": exc.setting, "value": exc.limit, "env": exc.env}) from None
     except AppRegistrationError as exc:
         raise InvalidRequest(str(exc)) from None
     if not operations:
@@ -286,6 +294,7 @@ def register_app(session: Session, principal: Principal, body: AppCreate, secret
         auth_header_encrypted=header,
         allow_private=body.allow_private,
     )
+    app_store.store_operations(row, operations)
     try:
         with session.begin_nested():
             session.add(row)
@@ -303,13 +312,16 @@ def delete_app(session: Session, principal: Principal, name: str) -> None:
 
 
 def app_public(row: App) -> AppPublic:
-    ops = parse_document(row.spec)
-    ids = {o.operation_id for o in ops}
+    """What a listing shows of a registered app, from its stored operation ids (never its document)."""
+    try:
+        ids = set(app_store.operation_ids(row))
+    except AppRegistrationError:
+        ids = set()  # registered before the current limits and over one: app_apis says which
     return AppPublic(
         name=row.name,
         description=row.description,
         kind="openapi",
-        apis=sum(o.operation_id not in HIDDEN_OPS for o in ops),
+        apis=len(ids - HIDDEN_OPS),
         base_url=row.base_url,
         resettable={RESET_OP, EVALUATE_OP} <= ids,
     )

@@ -40,9 +40,26 @@ class ExternalApp:
         auth_header: tuple[str, str] | None = None,
         limits: HttpLimits | None = None,
     ) -> ExternalApp:
+        """The app of an OpenAPI document (parsed here; registered apps are built from their stored operations)."""
+        return cls.of_operations(
+            name, description, parse_document(document), base_url, allow_private, auth_header, limits
+        )
+
+    @classmethod
+    def of_operations(
+        cls,
+        name: str,
+        description: str,
+        operations: list[Operation],
+        base_url: str,
+        allow_private: bool,
+        auth_header: tuple[str, str] | None = None,
+        limits: HttpLimits | None = None,
+    ) -> ExternalApp:
         client = RemoteClient(Origin.parse(base_url), allow_private, auth_header, limits or HttpLimits())
-        managed = (auth_header[0],) if auth_header else ()
-        return cls(name, description, parse_document(document, managed), client)
+        if auth_header:  # the service sends it: not an argument the agent gives
+            operations = [op.without_headers((auth_header[0],)) for op in operations]
+        return cls(name, description, operations, client)
 
     def fork(self) -> ExternalApp:
         """The same app with a client of its own (its own Agentloop-Episode), for one episode."""

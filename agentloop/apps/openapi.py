@@ -19,25 +19,28 @@ import json
 import re
 import socket
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import quote, urlsplit
 
 import httpx
 
 from agentloop.apps.base import Api, ApiError, AppSpec, CallContext
+from agentloop.apps.openapi_refs import (
+    AppRegistrationError,
+    DocumentLimitExceeded,
+    DocumentLimits,
+    RefResolver,
+    json_preview,
+)
 
 TASKS_OP, RESET_OP, EVALUATE_OP = "agentloop_tasks", "agentloop_reset", "agentloop_evaluate"
 HIDDEN_OPS = frozenset({TASKS_OP, RESET_OP, EVALUATE_OP})
 EPISODE_HEADER = "Agentloop-Episode"
+_EPISODE = EPISODE_HEADER.lower()
 METHODS = ("get", "post", "put", "patch", "delete")
 NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,63}$")
-MAX_OPERATIONS = 500
-
-
-class AppRegistrationError(ValueError):
-    """The document or URL cannot be used; the message says what to fix."""
-
+RETURNS_SCHEMA_CHARS = 400  # of the response schema, in an API's `returns`
 
 # --- addresses ---------------------------------------------------------------------------------
 
@@ -103,6 +106,29 @@ class Operation:
     body_required: bool
     returns: str
 
+    def to_json(self) -> dict[str, Any]:
+        """The stored form (the app's row keeps it, so requests never parse the document again)."""
+        return {
+            "operation_id": self.operation_id,
+            "method": self.method,
+            "path": self.path,
+            "description": self.description,
+            "parameters": list(self.parameters),
+            "body_schema": self.body_schema,
+            "body_required": self.body_required,
+            "returns": self.returns,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Operation:
+        return cls(**{**data, "parameters": tuple(data["parameters"])})
+
+    def without_headers(self, names: tuple[str, ...]) -> Operation:
+        """The operation minus the header parameters the service sets itself (the registered auth header)."""
+        managed = {n.lower() for n in names}
+        kept = tuple(p for p in self.parameters if not (p["in"] == "header" and p["name"].lower() in managed))
+        return self if len(kept) == len(self.parameters) else replace(self, parameters=kept)
+
     @property
     def flat_body(self) -> bool:
         """An object body's properties become arguments of their own; any other body is `body`."""
@@ -135,53 +161,55 @@ class Operation:
         return schema
 
 
-def _resolve_refs(node: Any, doc: dict[str, Any], seen: tuple[str, ...] = ()) -> Any:
-    """Inline local `#/...` references (cycles are cut to an open schema)."""
-    if isinstance(node, dict):
-        ref = node.get("$ref")
-        if isinstance(ref, str):
-            if not ref.startswith("#/"):
-                raise AppRegistrationError(f"only local references are supported, not {ref!r}")
-            if ref in seen:
-                return {}
-            target: Any = doc
-            for part in ref[2:].split("/"):
-                part = part.replace("~1", "/").replace("~0", "~")
-                if not isinstance(target, dict) or part not in target:
-                    raise AppRegistrationError(f"reference {ref!r} points nowhere")
-                target = target[part]
-            return _resolve_refs(target, doc, (*seen, ref))
-        return {k: _resolve_refs(v, doc, seen) for k, v in node.items()}
-    if isinstance(node, list):
-        return [_resolve_refs(v, doc, seen) for v in node]
-    return node
-
-
-def _returns(op: dict[str, Any]) -> str:
+def _returns(op: dict[str, Any], resolver: RefResolver, where: str) -> str:
     responses = op.get("responses") or {}
+    if not isinstance(responses, dict):
+        raise AppRegistrationError(f"{where}: responses must be an object")
     for code in ("200", "201", "2XX", "default"):
-        resp = responses.get(code)
+        resp = resolver.deref(responses.get(code), where)
         if isinstance(resp, dict):
-            schema = (resp.get("content") or {}).get("application/json", {}).get("schema")
-            text = resp.get("description", "")
+            content = resp.get("content")
+            media = resolver.deref(content.get("application/json"), where) if isinstance(content, dict) else None
+            schema = media.get("schema") if isinstance(media, dict) else None
+            text = str(resp.get("description", ""))
             if schema:
-                text += (" " if text else "") + json.dumps(schema, separators=(",", ":"))[:400]
+                # only a preview is shown, so a large response schema is never written out whole
+                preview = json_preview(resolver.schema(schema, where), RETURNS_SCHEMA_CHARS)
+                text += (" " if text else "") + preview
             return text
     return ""
 
 
-def parse_document(doc: Any, managed_headers: tuple[str, ...] = ()) -> list[Operation]:
-    """Every operation of an OpenAPI 3 document, checked; raises AppRegistrationError. Header
-    parameters the service sets itself (Agentloop-Episode, the registered auth header) are not
-    arguments the agent gives."""
-    managed = {h.lower() for h in (EPISODE_HEADER, *managed_headers)}
+def _count_operations(paths: dict[str, Any]) -> int:
+    return sum(isinstance(item, dict) and item.get(m) is not None for item in paths.values() for m in METHODS)
+
+
+def parse_document(
+    doc: Any, managed_headers: tuple[str, ...] = (), limits: DocumentLimits | None = None
+) -> list[Operation]:
+    """Every operation of an OpenAPI 3 document, checked, with its `$ref`s inlined within `limits` (default:
+    the settings'); raises AppRegistrationError (DocumentLimitExceeded over a limit). Header parameters the
+    service sets itself (Agentloop-Episode, the registered auth header) are not arguments the agent gives."""
+    from agentloop.settings import get_settings
+
+    limits = limits or DocumentLimits.from_settings(get_settings())
     if not isinstance(doc, dict) or not str(doc.get("openapi", "")).startswith("3."):
         raise AppRegistrationError('not an OpenAPI 3 document: the top level needs "openapi": "3.x.y"')
     paths = doc.get("paths")
     if not isinstance(paths, dict) or not paths:
         raise AppRegistrationError('the document has no "paths"')
+    declared = _count_operations(paths)
+    if declared > limits.max_operations:  # before any of them is resolved
+        raise DocumentLimitExceeded(
+            f"the document declares {declared} operations",
+            "openapi_max_operations",
+            limits.max_operations,
+            "operations",
+        )
+    resolver = RefResolver(doc, limits)
     ops: list[Operation] = []
     seen: set[str] = set()
+    app_bytes = 0
     for path, item in paths.items():
         if not isinstance(path, str) or not path.startswith("/") or not isinstance(item, dict):
             raise AppRegistrationError(f"invalid path entry {path!r}")
@@ -193,7 +221,6 @@ def parse_document(doc: Any, managed_headers: tuple[str, ...] = ()) -> list[Oper
             where = f"{method.upper()} {path}"
             if not isinstance(op, dict):
                 raise AppRegistrationError(f"{where}: an operation must be an object")
-            op = _resolve_refs(op, doc)
             op_id = op.get("operationId")
             if not isinstance(op_id, str) or not NAME_RE.match(op_id):
                 raise AppRegistrationError(
@@ -202,33 +229,41 @@ def parse_document(doc: Any, managed_headers: tuple[str, ...] = ()) -> list[Oper
             if op_id in seen:
                 raise AppRegistrationError(f"operationId {op_id!r} is used twice")
             seen.add(op_id)
+            own = op.get("parameters", [])
+            if not isinstance(shared, list) or not isinstance(own, list):
+                raise AppRegistrationError(f"{where}: parameters must be a list")
             params = []
-            for raw in [*_resolve_refs(shared, doc), *op.get("parameters", [])]:
+            for entry in [*shared, *own]:
+                raw = resolver.deref(entry, where)
                 if not isinstance(raw, dict) or raw.get("in") not in ("path", "query", "header", "cookie"):
                     raise AppRegistrationError(f"{where}: each parameter needs a name and in: path|query|header")
-                if raw["in"] == "cookie" or (raw["in"] == "header" and str(raw.get("name")).lower() in managed):
+                if raw["in"] == "cookie" or (raw["in"] == "header" and str(raw.get("name")).lower() == _EPISODE):
                     continue
                 params.append(
                     {
                         "name": str(raw.get("name")),
                         "in": raw["in"],
                         "required": bool(raw.get("required", raw["in"] == "path")),
-                        "schema": raw.get("schema") or {},
-                        "description": raw.get("description", ""),
+                        "schema": resolver.schema(raw.get("schema") or {}, where),
+                        "description": str(raw.get("description", "")),
                     }
                 )
             for name in re.findall(r"{([^}]+)}", path):
                 if not any(p["name"] == name and p["in"] == "path" for p in params):
                     raise AppRegistrationError(f"{where}: path parameter {name!r} is not declared")
-            body = op.get("requestBody")
+            body = resolver.deref(op.get("requestBody"), where)
             body_schema, body_required = None, False
             if isinstance(body, dict):
-                content = body.get("content") or {}
-                json_body = content.get("application/json")
-                if json_body is None:
+                content = body.get("content")
+                json_body = None
+                if isinstance(content, dict):
+                    json_body = resolver.deref(content.get("application/json"), where)
+                if not isinstance(json_body, dict):
                     raise AppRegistrationError(f"{where}: only application/json request bodies are supported")
-                body_schema = json_body.get("schema") or {}
+                body_schema = resolver.schema(json_body.get("schema") or {}, where)
                 body_required = bool(body.get("required", False))
+            schemas = [p["schema"] for p in params] + ([body_schema] if body_schema is not None else [])
+            app_bytes += resolver.check_arguments(schemas, where, app_bytes)
             ops.append(
                 Operation(
                     operation_id=op_id,
@@ -238,14 +273,12 @@ def parse_document(doc: Any, managed_headers: tuple[str, ...] = ()) -> list[Oper
                     parameters=tuple(params),
                     body_schema=body_schema,
                     body_required=body_required,
-                    returns=_returns(op),
+                    returns=_returns(op, resolver, where),
                 )
             )
-            if len(ops) > MAX_OPERATIONS:
-                raise AppRegistrationError(f"more than {MAX_OPERATIONS} operations")
-    for op in ops:
-        op.arguments_schema()  # raise now for clashes, not on first call
-    return ops
+    for parsed in ops:
+        parsed.arguments_schema()  # raise now for clashes, not on first call
+    return [parsed.without_headers(managed_headers) for parsed in ops] if managed_headers else ops
 
 
 # --- calls -------------------------------------------------------------------------------------

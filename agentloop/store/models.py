@@ -107,7 +107,11 @@ class App(Base):
     name: Mapped[str] = mapped_column(sa.String(64))
     description: Mapped[str] = mapped_column(sa.Text, default="")
     kind: Mapped[str] = mapped_column(sa.String(16), default="openapi")
-    spec: Mapped[dict[str, Any]]
+    spec: Mapped[dict[str, Any]] = mapped_column(deferred=True)  # the document as registered
+    # the operations with their $refs resolved, stored at registration so requests never parse `spec`
+    # again (store/apps.py); NULL for an app registered before they were kept, until first used
+    operations: Mapped[dict[str, Any] | None] = mapped_column(deferred=True)
+    operation_ids: Mapped[list[Any] | None]  # all of them, agentloop_* included: what a listing shows
     base_url: Mapped[str] = mapped_column(sa.String(2048))
     auth_header_encrypted: Mapped[str | None] = mapped_column(sa.Text)
     allow_private: Mapped[bool] = mapped_column(default=False)

@@ -57,7 +57,9 @@ def add_feedback(caller: Principal, task_id: str, body: FeedbackCreate) -> Feedb
 
 def list_apps(caller: Principal, world: str) -> Sequence[AppPublic]:
     with get_sessionmaker()() as session:
-        return service.list_apps(session, caller, world)
+        apps = service.list_apps(session, caller, world)
+        session.commit()  # keeps the operations resolved for an app registered before they were stored
+        return apps
 
 
 # --- the service ------------------------------------------------------------------------------------

@@ -15,7 +15,9 @@ router = APIRouter(prefix="/v1/apps", tags=["apps"])
 @router.get("", response_model=list[AppPublic], responses={401: {"model": ErrorBody}})
 def list_apps(session: SessionDep, principal: CurrentPrincipal, world: str = "builtin") -> list[AppPublic]:
     """The world's built-in apps and the apps your tenant registered."""
-    return service.list_apps(session, principal, world)
+    apps = service.list_apps(session, principal, world)
+    session.commit()  # keeps the operations resolved for an app registered before they were stored
+    return apps
 
 
 @router.post(
@@ -41,4 +43,6 @@ def delete_app(app: str, session: SessionDep, principal: CurrentPrincipal) -> Re
 
 @router.get("/{app}/apis", response_model=list[ApiDocPublic], responses={404: {"model": ErrorBody}})
 def app_apis(app: str, session: SessionDep, principal: CurrentPrincipal, world: str = "builtin") -> list[ApiDocPublic]:
-    return service.app_apis(session, principal, world, app, get_settings().secret_key)
+    docs = service.app_apis(session, principal, world, app, get_settings().secret_key)
+    session.commit()  # as in list_apps
+    return docs
