@@ -21,8 +21,14 @@ $(STAMP): pyproject.toml
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
+# make run PORT=8010 HOST=0.0.0.0 GRPC_PORT=50052: where `agentloop serve` listens (unset: AGENTLOOP_PORT,
+# AGENTLOOP_HOST, AGENTLOOP_GRPC_PORT, else 8000, 127.0.0.1, 50051). Only the make command line counts:
+# a PORT or HOST some shell or platform exports never moves the service by surprise.
+cli_option = $(if $(filter command line,$(origin $(1))),$(2) $($(1)))
+
 run: $(STAMP)
-	$(BIN)/agentloop serve
+	$(strip $(BIN)/agentloop serve $(call cli_option,HOST,--host) $(call cli_option,PORT,--port) \
+		$(call cli_option,GRPC_PORT,--grpc-port))
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

@@ -21,11 +21,15 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from agentloop.logs import configure_logging
-from agentloop.settings import Settings, get_settings
+from agentloop.settings import Settings, config_error_lines, get_settings
+
+if TYPE_CHECKING:
+    from agentloop.learner.trainer import Cancellation
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="agentloop: agents as a service that learn online.")
 keys_app = typer.Typer(no_args_is_help=True, help="API keys.")
@@ -187,7 +191,8 @@ def worker(
     concurrency: int = typer.Option(1, help="Tasks run at once (threads/prefork)."),
     beat: bool = typer.Option(False, help="Also run the beat scheduler in this process."),
 ) -> None:
-    """Run a Celery worker."""
+    """Run a Celery worker. One that runs episodes (queues episodes or rollouts) loads the policy model
+    before it consumes, and logs when it is ready."""
     settings = _setup()
     _migrate_if_embedded(settings)
     from agentloop.worker.celery_app import app as celery_app
@@ -195,6 +200,13 @@ def worker(
 
     if settings.broker_is_embedded:
         declare_queues(celery_app)
+    if pool != "prefork" and {"episodes", "rollouts"} & {q.strip() for q in queues.split(",")}:
+        # Loaded now, the first task does not wait for it and a model that cannot load stops the worker
+        # with the reason before it takes any task. (Prefork children load their own, after the fork.)
+        from agentloop.policy import get_policy
+
+        log.info("loading the policy model %s", settings.model)
+        get_policy(settings)
     argv = [
         "worker",
         f"--queues={queues}",
@@ -586,7 +598,16 @@ def _read_key_file(settings: Settings) -> str:
 
 
 def main() -> None:
-    app()
+    try:
+        app()
+    except Exception as exc:
+        # a configuration error is the user's to fix: say what and how, without a traceback
+        lines = config_error_lines(exc)
+        if lines is None:
+            raise
+        for line in lines:
+            typer.echo(f"agentloop: configuration error: {line}", err=True)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

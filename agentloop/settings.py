@@ -7,18 +7,24 @@ The embedded default (no variables set) is a SQLite database and a serverless br
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, ValidationError, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 DEFAULT_SECRET = "change-me-local-only"
+ENV_PREFIX = "AGENTLOOP_"
+
+
+class ConfigError(RuntimeError):
+    """A setting that cannot work as given; the message names the variable and how to fix it."""
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="AGENTLOOP_", env_file=None, extra="ignore")
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, env_file=None, extra="ignore")
 
     env: Literal["local", "production"] = Field(
         "local", description="`production` refuses default secrets and never auto-creates keys."
@@ -194,3 +200,25 @@ class Settings(BaseSettings):
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
     return Settings()
+
+
+def config_error_lines(exc: BaseException) -> list[str] | None:
+    """What a user should read about a configuration error, one line per problem, each naming its
+    `AGENTLOOP_` variable; None when `exc` is not a configuration error."""
+    if isinstance(exc, ConfigError):
+        return [str(exc)]
+    if isinstance(exc, SettingsError):  # a complex value (JSON) that does not parse
+        found = re.search(r'field "(\w+)"', str(exc))
+        name = f"{ENV_PREFIX}{found.group(1).upper()}" if found else "a setting"
+        return [f"{name} could not be parsed as JSON: {exc.__cause__ or exc}"]
+    if not (isinstance(exc, ValidationError) and exc.title == Settings.__name__):
+        return None
+    lines = []
+    for error in exc.errors(include_url=False):
+        if not error["loc"]:  # a check across fields (_check): its message names the variables
+            lines.append(error["msg"].removeprefix("Value error, "))
+            continue
+        field = str(error["loc"][0])
+        given = "" if field == "secret_key" else f" (got {error['input']!r})"
+        lines.append(f"{ENV_PREFIX}{field.upper()}: {error['msg']}{given}")
+    return lines

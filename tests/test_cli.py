@@ -2,12 +2,14 @@
 
 import os
 import re
+import shutil
 import signal
 import socket
 import sqlite3
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import grpc
 import httpx
@@ -25,8 +27,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "agentloop.cli", *args], capture_output=True, text=True, timeout=120)
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "agentloop.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **env} if env else None,
+    )
 
 
 def grpc_health(port: int, service: str = "") -> int | None:
@@ -167,6 +175,72 @@ def test_keys_create_prints_a_working_key_once(sqlite_db):
 
     bad = run_cli("keys", "create", "--tenant", "acme", "--role", "root")
     assert bad.returncode != 0 and "role must be one of" in bad.stderr
+
+
+@pytest.mark.parametrize(
+    ("env", "sentence"),
+    [
+        (
+            {"AGENTLOOP_ENV": "production"},
+            "AGENTLOOP_SECRET_KEY is the local default; set a random value (e.g. `openssl rand -hex 32`) "
+            "when AGENTLOOP_ENV=production",
+        ),
+        (
+            {"AGENTLOOP_LEASE_S": "soon"},
+            "AGENTLOOP_LEASE_S: Input should be a valid integer, unable to parse string as an integer (got 'soon')",
+        ),
+        ({"AGENTLOOP_TRAIN_CONFIG": "{tasks: 8}"}, "AGENTLOOP_TRAIN_CONFIG could not be parsed as JSON: Expecting"),
+    ],
+)
+def test_a_configuration_error_is_one_sentence_not_a_traceback(env, sentence):
+    result = run_cli("migrate", env=env)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith(f"agentloop: configuration error: {sentence}"), result.stderr
+    assert len(result.stderr.splitlines()) == 1 and "Traceback" not in result.stderr
+
+
+def test_a_worker_whose_model_cannot_load_stops_before_consuming_and_says_why(tmp_path):
+    result = run_cli("worker", "--queues", "episodes", env={"AGENTLOOP_MODEL": str(tmp_path / "no-model")})
+    assert result.returncode == 2, result.stderr
+    last = result.stderr.splitlines()[-1]
+    assert last.startswith(f"agentloop: configuration error: AGENTLOOP_MODEL='{tmp_path / 'no-model'}' is neither")
+    assert "Traceback" not in result.stderr and "celery@" not in result.stdout + result.stderr
+
+
+def test_make_run_takes_port_host_and_grpc_port(tmp_path, configure_env):
+    """`make run PORT=... HOST=... GRPC_PORT=...` reaches `agentloop serve --port/--host/--grpc-port`."""
+    root, bin_dir = Path(__file__).resolve().parents[1], Path(sys.executable).parent
+    if shutil.which("make") is None or not (bin_dir / "agentloop").exists():
+        pytest.skip("needs make, and the agentloop command beside this python")
+    help_text = run_cli("serve", "--help").stdout
+    assert all(option in help_text for option in ("--host", "--port", "--grpc-port"))
+    configure_env(EMBEDDED_WORKER="false")
+    port, grpc_port = free_port(), free_port()
+    # this interpreter's agentloop, and no install step first (STAMP: a file that exists)
+    make = ["make", "-s", "run", f"BIN={bin_dir}", "STAMP=Makefile"]
+    with open(tmp_path / "make-run.log", "wb") as log:
+        proc = subprocess.Popen(
+            [*make, f"PORT={port}", "HOST=127.0.0.1", f"GRPC_PORT={grpc_port}"],
+            cwd=root,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    output = (tmp_path / "make-run.log").read_text
+
+    def up() -> bool:
+        try:
+            return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    try:
+        wait_for(up, 120, "make run to serve", output)
+        assert grpc_health(grpc_port) == health_pb2.HealthCheckResponse.SERVING
+        assert f"agentloop serving on http://127.0.0.1:{port}" in output()
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
 
 
 def test_migrate_command(tmp_path, configure_env):

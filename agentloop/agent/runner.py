@@ -274,8 +274,11 @@ def _run_pinned(
 
 def _complete(task_id: str, owner: str, episode_id: str, episode: Episode, prepared: Prepared, before: Any) -> str:
     world = prepared.world
-    verdict = prepared.evaluator.evaluate(before, world.state, world.answer) if prepared.evaluator else None
     cancelled = episode.finish_reason == "cancelled"
+    # A cancelled episode was cut short by the client, not ended by the agent: scoring its unfinished
+    # state would report (and train on) a reward for work the agent was not allowed to finish.
+    evaluator = None if cancelled else prepared.evaluator
+    verdict = evaluator.evaluate(before, world.state, world.answer) if evaluator else None
     with session_scope() as s:
         episode_store.finish_episode(s, episode_id, "finished", episode.finish_reason, answer=world.answer)
         if verdict is not None:

@@ -57,8 +57,12 @@ class TaskPublic(BaseModel):
     attempts: int
     cancel_requested: bool
     answer: str | None
-    reward: float | None
-    success: bool | None
+    reward: float | None = Field(
+        description="Fraction of the evaluator's tests passed, 0 to 1, once a task of a world (`task_ref`) "
+        "finished. Null while it runs, for a free instruction, and for a task that failed or was cancelled: "
+        "an episode cut short is not evaluated (nor trained on)."
+    )
+    success: bool | None = Field(description="Every evaluator test passed; null whenever `reward` is.")
     error: str | None
     adapter: str | None
     metadata: dict[str, str]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import OrderedDict, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -82,8 +83,16 @@ class LocalPolicy:
     def from_settings(cls, settings: Settings) -> LocalPolicy:
         if settings.torch_threads:
             torch.set_num_threads(settings.torch_threads)
+        started = time.monotonic()
         model_dir = resolve_model_dir(settings.model, settings.models_dir)
         model, tokenizer = load_model_and_tokenizer(model_dir, settings.model_dtype, settings.device)
+        log.info(
+            "policy model ready: %s on %s (%s), loaded in %.1f s",
+            settings.model_name,
+            model.device,
+            settings.model_dtype,
+            time.monotonic() - started,
+        )
         return cls(model, tokenizer, name=settings.model_name, max_batch_size=settings.max_batch_size)
 
     # --- adapters --------------------------------------------------------------------------

@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from agentloop.settings import ConfigError
+
 log = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -24,7 +26,7 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-class ModelNotFound(RuntimeError):
+class ModelNotFound(ConfigError):
     pass
 
 

@@ -10,10 +10,11 @@ import logging
 import time
 from typing import Any
 
-from celery import Celery
+from celery import Celery, signals
 from kombu import Exchange, Queue, pools
 
 from agentloop.settings import Settings, get_settings
+from agentloop.worker import presence
 
 QUEUES = ("episodes", "rollouts", "learner", "maintenance")
 log = logging.getLogger(__name__)
@@ -65,6 +66,9 @@ def configure(app: Celery, settings: Settings) -> None:
             },
         },
         worker_hijack_root_logger=False,
+        # stdout/stderr stay the process's own: progress bars (model loading) and prints are not turned
+        # into log records (Celery's default logs each write as `WARNING celery.redirected`)
+        worker_redirect_stdouts=False,
         worker_send_task_events=False,
         enable_utc=True,
     )
@@ -94,6 +98,17 @@ def declare_queues(celery: Celery, attempts: int = 5) -> None:
                 raise
             log.warning("declaring the broker's queues failed (%s); retrying", exc)
             time.sleep(0.2 * attempt)
+
+
+@signals.worker_ready.connect
+def _announce_worker(sender: Any, **_: Any) -> None:
+    """The worker consumes now: /readyz counts it (see presence.py)."""
+    presence.announce(sorted(q.name for q in sender.task_consumer.queues), get_settings())
+
+
+@signals.worker_shutdown.connect
+def _withdraw_worker(**_: Any) -> None:
+    presence.withdraw()
 
 
 app = create_celery(get_settings())

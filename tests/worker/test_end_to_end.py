@@ -103,6 +103,10 @@ def test_cancel_stops_a_running_episode(production, processes, configure_env):
     assert client.post(f"/v1/tasks/{task_id}/cancel", headers=bearer(keys.tenant_a_client)).status_code == 200
     task = wait_for(lambda: ended(task_id), 60, "the task to stop", processes.logs)
     assert task.status == "cancelled"
+    # cut short by the client, so not evaluated: no reward to report, none to train on
+    public = client.get(f"/v1/tasks/{task_id}", headers=bearer(keys.tenant_a_client)).json()
+    assert (public["status"], public["reward"], public["success"]) == ("cancelled", None, None)
     with get_sessionmaker()() as s:
         episode = s.scalars(sa.select(Episode).where(Episode.task_id == task_id)).one()
-        assert episode.finish_reason == "cancelled" and episode.num_steps < 400
+        assert episode.finish_reason == "cancelled" and 1 <= episode.num_steps < 400
+        assert s.scalars(sa.select(Reward).where(Reward.task_id == task_id)).all() == []

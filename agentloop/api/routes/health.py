@@ -11,6 +11,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from agentloop.api.deps import AdminPrincipal
 from agentloop.api.metrics import REGISTRY
+from agentloop.settings import Settings, get_settings
 from agentloop.store.db import get_engine
 
 router = APIRouter(tags=["health"])
@@ -24,7 +25,10 @@ def healthz() -> dict[str, str]:
 
 @router.get("/readyz")
 def readyz() -> JSONResponse:
-    """Ready to take tasks: the database answers and is migrated, and the broker accepts connections."""
+    """Ready to take tasks: the database answers and is migrated, and the broker accepts connections;
+    503 `not_ready` otherwise. `workers` counts the live workers consuming each queue. With none on
+    `episodes` the status is `degraded`, still 200 (tasks are accepted and wait in the queue, so a load
+    balancer keeps sending them), and `warnings` says why."""
     checks: dict[str, Any] = {}
     try:
         with get_engine().connect() as conn:
@@ -44,10 +48,37 @@ def readyz() -> JSONResponse:
         checks["broker"] = "ok"
     except Exception as exc:
         checks["broker"] = f"error: {type(exc).__name__}: {exc}"
+    workers, warnings = _workers(get_settings())
     ready = all(v == "ok" for v in checks.values())
     return JSONResponse(
-        {"status": "ready" if ready else "not_ready", "checks": checks}, status_code=200 if ready else 503
+        {
+            "status": ("degraded" if warnings else "ready") if ready else "not_ready",
+            "checks": checks,
+            "workers": workers,
+            "warnings": warnings,
+        },
+        status_code=200 if ready else 503,
     )
+
+
+def _workers(settings: Settings) -> tuple[dict[str, int] | None, list[str]]:
+    """Live workers per queue, and what is wrong with them for serving tasks."""
+    from agentloop.worker import presence
+    from agentloop.worker.celery_app import QUEUES
+
+    try:
+        workers = presence.consumers(settings, QUEUES)
+    except Exception as exc:
+        return None, [f"could not count workers: {type(exc).__name__}: {exc}"]
+    if workers is None:
+        return None, ["workers are not counted with this broker: set AGENTLOOP_REDIS_URL"]
+    if workers["episodes"]:
+        return workers, []
+    if settings.run_embedded_worker:
+        why = "the worker `agentloop serve` starts is not consuming yet: loading the model, or restarting; see its log"
+    else:
+        why = "start one: `agentloop worker --queues episodes`"
+    return workers, [f"no worker consumes the `episodes` queue; tasks are accepted but stay queued ({why})"]
 
 
 @router.get("/metrics")
