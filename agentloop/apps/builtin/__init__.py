@@ -27,6 +27,7 @@ def _apps() -> dict[str, AppSpec]:
 
 APPS: dict[str, AppSpec] = _apps()
 VOLATILE = {name: spec.volatile_fields for name, spec in APPS.items()}
+REDRAWS = 8  # setups tried for a variant before one repeating an earlier variant's instruction is kept
 WORLD_POOL = 24  # tasks start from one of this many generated worlds (plus their own setup)
 
 
@@ -80,7 +81,15 @@ class BuiltinWorld:
         """A task and its initial state: its scenario's setup on one of the pooled base worlds."""
         if task_id not in self._built:
             sc = self._scenario_of[task_id]
-            spec, world = self._instantiate(sc, task_id, world_seed(task_id), task_seed(task_id))
+            variant = int(task_id.rsplit("-", 1)[1])
+            # variants of a scenario are different tasks: one whose instruction repeats an earlier
+            # variant's is drawn again with another setup seed (a pure function of the ids, still)
+            taken = {self._build(f"{sc.id}-{v}")[0].instruction for v in range(1, variant)}
+            for attempt in range(REDRAWS):
+                setup_seed = task_seed(task_id if attempt == 0 else f"{task_id}#{attempt}")
+                spec, world = self._instantiate(sc, task_id, world_seed(task_id), setup_seed)
+                if spec.instruction not in taken:
+                    break
             self._built[task_id] = (spec, world.snapshot())
         return self._built[task_id]
 
