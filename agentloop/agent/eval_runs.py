@@ -12,8 +12,9 @@ from sqlalchemy.orm import Session
 
 from agentloop.agent.episode import Episode
 from agentloop.agent.evaluate import EpisodeResult, EvalTask
-from agentloop.apps.external import ExternalApp, RemoteEvaluator
+from agentloop.apps.external import ExternalApp
 from agentloop.apps.registry import WorldProvider
+from agentloop.apps.remote_env import RemoteEvaluator
 from agentloop.apps.tasks import TaskSpec, ToolCall, run_oracle
 from agentloop.apps.world import World
 from agentloop.policy.base import Policy

@@ -17,8 +17,9 @@ from agentloop import events
 from agentloop.agent.episode import Episode, Limits, Turn, run_episodes
 from agentloop.agent.evaluate import Evaluator
 from agentloop.agent.prompt import ChatFormat
-from agentloop.apps.external import RemoteEvaluator, split_task_ref
+from agentloop.apps.external import split_task_ref
 from agentloop.apps.registry import get_world
+from agentloop.apps.remote_env import RemoteEvaluator
 from agentloop.apps.world import World
 from agentloop.policy.base import Policy
 from agentloop.settings import Settings

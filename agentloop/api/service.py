@@ -42,9 +42,10 @@ from agentloop.api.schemas import (
 )
 from agentloop.apps.base import ApiError
 from agentloop.apps.external import ExternalApp, split_task_ref
-from agentloop.apps.openapi import EVALUATE_OP, HIDDEN_OPS, RESET_OP, AppRegistrationError, Origin, parse_document
+from agentloop.apps.openapi import EVALUATE_OP, HIDDEN_OPS, RESET_OP, AppRegistrationError, parse_document
 from agentloop.apps.openapi_refs import DocumentLimitExceeded
 from agentloop.apps.registry import UnknownWorld, WorldProvider, get_world
+from agentloop.apps.remote_http import Origin
 from agentloop.apps.world import ALWAYS_AVAILABLE
 from agentloop.learner import adapters
 from agentloop.learner.config import LoopConfig

@@ -3,21 +3,14 @@ the agentloop_* operations, the environment that resets and evaluates its tasks.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from agentloop.apps.base import ApiError, AppSpec
-from agentloop.apps.evaluation import TestResult, Verdict
-from agentloop.apps.openapi import (
-    HttpLimits,
-    Operation,
-    Origin,
-    RemoteClient,
-    RemoteEnvironment,
-    parse_document,
-    remote_app,
-)
-from agentloop.apps.world import WorldState
+from agentloop.apps.base import Api, AppSpec, CallContext
+from agentloop.apps.openapi import HIDDEN_OPS, Operation, parse_document
+from agentloop.apps.remote_env import RemoteEnvironment
+from agentloop.apps.remote_http import HttpLimits, Origin, RemoteClient, call_operation
 
 SEPARATOR = ":"  # task refs of external apps are "<app>:<ref>"
 
@@ -80,16 +73,24 @@ def split_task_ref(task_ref: str) -> tuple[str, str] | None:
     return (app, ref) if app and ref else None
 
 
-@dataclass
-class RemoteEvaluator:
-    """Evaluation done by the app itself (agentloop_evaluate), in the episode it was reset for."""
+def remote_app(name: str, description: str, operations: list[Operation], client: RemoteClient) -> AppSpec:
+    """An AppSpec whose handlers call the external app; the agentloop_* operations stay hidden."""
+    spec = AppSpec(name=name, description=description, login=False)
+    for op in operations:
+        spec.apis[op.operation_id] = Api(
+            app=name,
+            name=op.operation_id,
+            description=op.description,
+            parameters=op.arguments_schema(),
+            returns=op.returns,
+            handler=_handler(client, op),
+            hidden=op.operation_id in HIDDEN_OPS,
+        )
+    return spec
 
-    environment: RemoteEnvironment
-    task_ref: str
 
-    def evaluate(self, before: WorldState, after: WorldState, answer: str | None) -> Verdict:
-        try:
-            passed, total = self.environment.evaluate(self.task_ref, answer)
-        except ApiError as exc:
-            return Verdict([TestResult("the app evaluated the episode", False, str(exc))])
-        return Verdict([TestResult(f"app test {i + 1} of {total}", i < passed) for i in range(total)])
+def _handler(client: RemoteClient, op: Operation) -> Callable[..., Any]:
+    def handle(_ctx: CallContext, **args: Any) -> Any:
+        return call_operation(client, op, args)
+
+    return handle

@@ -14,12 +14,8 @@ from agentloop.api.app import create_app
 from agentloop.apps.base import ApiError
 from agentloop.apps.builtin import BUILTIN
 from agentloop.apps.external import ExternalApp
-from agentloop.apps.openapi import (
-    AppRegistrationError,
-    HttpLimits,
-    address_allowed,
-    parse_document,
-)
+from agentloop.apps.openapi import AppRegistrationError, parse_document
+from agentloop.apps.remote_http import HttpLimits, address_allowed
 from agentloop.apps.tasks import ToolCall
 from agentloop.store.db import get_sessionmaker
 from agentloop.store.models import App

@@ -1,0 +1,188 @@
+"""Requests to an external app's registered origin, and its operations called through them.
+
+Calls go only to the registered origin; every resolved address is checked (no loopback, private,
+link-local, multicast or reserved address unless an admin allowed it) and the connection is made to
+the checked address itself, so a DNS answer cannot change between the check and the request.
+Redirects are not followed; timeouts and a response-size cap apply. Any failure becomes an
+`ApiError`, which the episode turns into an observation.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import socket
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import quote, urlsplit
+
+import httpx
+
+from agentloop.apps.base import ApiError
+from agentloop.apps.openapi import EPISODE_HEADER, Operation
+from agentloop.apps.openapi_refs import AppRegistrationError
+
+
+def address_allowed(ip: str, allow_private: bool) -> bool:
+    addr = ipaddress.ip_address(ip)
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        addr = addr.ipv4_mapped
+    if allow_private:
+        return not (addr.is_multicast or addr.is_unspecified)
+    return addr.is_global and not (addr.is_multicast or addr.is_reserved)
+
+
+def resolve(host: str, port: int) -> list[str]:
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise AppRegistrationError(f"cannot resolve host {host!r}: {exc.strerror}") from None
+    return sorted({str(info[4][0]) for info in infos})
+
+
+@dataclass(frozen=True)
+class Origin:
+    scheme: str
+    host: str
+    port: int
+    base_path: str
+
+    @classmethod
+    def parse(cls, base_url: str) -> Origin:
+        parts = urlsplit(base_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise AppRegistrationError(f"base_url must be an http(s) URL with a host, not {base_url!r}")
+        if parts.username or parts.password:
+            raise AppRegistrationError("base_url must not carry credentials; use auth_header")
+        if parts.query or parts.fragment:
+            raise AppRegistrationError("base_url must not have a query or a fragment")
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        return cls(parts.scheme, parts.hostname, port, parts.path.rstrip("/"))
+
+    def checked_addresses(self, allow_private: bool) -> list[str]:
+        addresses = resolve(self.host, self.port)
+        refused = [a for a in addresses if not address_allowed(a, allow_private)]
+        if refused:
+            raise AppRegistrationError(
+                f"{self.host} resolves to {', '.join(refused)}, a loopback, private, link-local or reserved "
+                "address; only an admin can allow that (allow_private: true)"
+            )
+        return addresses
+
+
+@dataclass
+class HttpLimits:
+    connect_s: float = 3.0  # httpx's default is 5 s for every phase; an agent turn should not wait that long
+    read_s: float = 10.0
+    max_bytes: int = 1_000_000
+
+
+@dataclass
+class RemoteClient:
+    """Requests to one registered origin, with the checks of the module docstring."""
+
+    origin: Origin
+    allow_private: bool
+    auth_header: tuple[str, str] | None = None
+    limits: HttpLimits = field(default_factory=HttpLimits)
+    episode: str | None = None  # sent as Agentloop-Episode on every request once set
+    transport: httpx.BaseTransport | None = None
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
+        body: Any = None,
+    ) -> Any:
+        try:
+            address = self.origin.checked_addresses(self.allow_private)[0]
+        except AppRegistrationError as exc:
+            raise ApiError(403, f"refused to call {self.origin.host}: {exc}") from None
+        host_in_url = f"[{address}]" if ":" in address else address
+        url = f"{self.origin.scheme}://{host_in_url}:{self.origin.port}{self.origin.base_path}{path}"
+        send_headers = {
+            "Host": self.origin.host if self.origin.port in (80, 443) else f"{self.origin.host}:{self.origin.port}",
+            "Accept": "application/json",
+        }
+        if self.auth_header:
+            send_headers[self.auth_header[0]] = self.auth_header[1]
+        if self.episode:
+            send_headers[EPISODE_HEADER] = self.episode
+        send_headers.update(headers or {})
+        timeout = httpx.Timeout(self.limits.read_s, connect=self.limits.connect_s)
+        extensions = {"sni_hostname": self.origin.host} if self.origin.scheme == "https" else {}
+        try:
+            with (
+                httpx.Client(timeout=timeout, follow_redirects=False, transport=self.transport) as client,
+                client.stream(
+                    method.upper(),
+                    url,
+                    params=query,
+                    headers=send_headers,
+                    json=body if body is not None else None,
+                    extensions=extensions,
+                ) as resp,
+            ):
+                if 300 <= resp.status_code < 400:
+                    raise ApiError(
+                        502,
+                        f"the app answered with a redirect ({resp.status_code} to "
+                        f"{resp.headers.get('location', '?')}); redirects are not followed",
+                    )
+                data = bytearray()
+                for chunk in resp.iter_bytes():
+                    data.extend(chunk)
+                    if len(data) > self.limits.max_bytes:
+                        raise ApiError(502, f"the app's response is larger than {self.limits.max_bytes} bytes")
+                status, content_type = resp.status_code, resp.headers.get("content-type", "")
+        except httpx.TimeoutException:
+            raise ApiError(504, f"the app did not answer within {self.limits.read_s:g} s") from None
+        except httpx.HTTPError as exc:
+            raise ApiError(502, f"could not reach the app: {type(exc).__name__}") from None
+        value = _decode(bytes(data), content_type)
+        if status >= 400:
+            message = value.get("detail") or value.get("message") or value if isinstance(value, dict) else value
+            raise ApiError(status, f"the app answered {status}: {str(message)[:500]}")
+        return value
+
+
+def _decode(data: bytes, content_type: str) -> Any:
+    if not data:
+        return None
+    if "json" in content_type:
+        try:
+            return json.loads(data)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise ApiError(502, "the app's response claims to be JSON but is not") from None
+    if content_type.startswith("text/") or not content_type:
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ApiError(502, "the app's response is not text") from None
+    raise ApiError(502, f"the app answered with {content_type!r}, not JSON or text")
+
+
+def call_operation(client: RemoteClient, op: Operation, args: dict[str, Any]) -> Any:
+    path = op.path
+    query: dict[str, Any] = {}
+    headers: dict[str, str] = {}
+    for p in op.parameters:
+        if p["name"] not in args:
+            continue
+        value = args[p["name"]]
+        if p["in"] == "path":
+            path = path.replace("{" + p["name"] + "}", quote(str(value), safe=""))
+        elif p["in"] == "query":
+            query[p["name"]] = json.dumps(value) if isinstance(value, dict | list) else value
+        else:
+            headers[p["name"]] = str(value)
+    body: Any = None
+    if op.body_schema is not None:
+        if op.flat_body:
+            body = {k: v for k, v in args.items() if k in op.body_schema["properties"]}
+        else:
+            body = args.get("body")
+    return client.request(op.method, path, query=query, headers=headers, body=body)
