@@ -57,8 +57,15 @@ def test_loop_raises_the_success_rate(sqlite_db, lights_world, lights_model_dir,
     assert late >= rates[0] + 0.2 and late >= 1.6 * rates[0], rates  # then it learns the rewarded one
     assert all(m["loss/approx_kl"] < config.kl_stop for m in history)
     with session_scope() as s:
-        versions = s.query(Adapter).order_by(Adapter.version).all()
-        assert versions and versions[-1].status in ("active", "rejected")
+        status = {a.name: a.status for a in s.query(Adapter)}
+        assert sorted(status) == sorted(m["adapter"] for m in history)  # one version per iteration
+        promoted = [m["adapter"] for m in history if m["adapter/promoted"]]
+        assert promoted  # it got better than the warm start on dev at least once
+        for m in history:  # each version's row says what its gate decided
+            expected = (
+                "rejected" if not m["adapter/promoted"] else "active" if m["adapter"] == promoted[-1] else "retired"
+            )
+            assert status[m["adapter"]] == expected, (m["adapter"], status)
         run = s.get(TrainingRun, run_id)
         assert run.iteration == 6 and len(run.metrics) == 6
 
