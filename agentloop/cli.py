@@ -397,6 +397,7 @@ def eval_command(
 ) -> None:
     """Run a policy over a split and print TGC/SGC (per split and difficulty). The run is stored."""
     from agentloop.agent.eval_runs import run_eval_command
+    from agentloop.apps.remote_env import EnvironmentFailure
 
     settings = _setup()
     _migrate_if_embedded(settings)
@@ -416,6 +417,10 @@ def eval_command(
             temperature=temperature,
             batch_size=batch_size,
         )
+    except EnvironmentFailure as exc:  # the app is down or refused: one line, not a traceback
+        hint = "; start it (or check its base_url) and run again" if exc.retryable else ""
+        typer.echo(f"agentloop eval: {exc.message}{hint}", err=True)
+        raise typer.Exit(1) from None
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
     if as_json:
@@ -428,11 +433,17 @@ def _cuda() -> bool:
     return torch.cuda.is_available()
 
 
-def _learn_run(resume: str | None, algo: str, iterations: int, overrides: dict[str, object]) -> str:
-    """The run to train: the one to resume (failed, cancelled, or lost with its lease expired), or a new one."""
+def _learn_run(
+    settings: Settings, resume: str | None, algo: str, iterations: int, overrides: dict[str, object], tenant: str | None
+) -> str:
+    """The run to train: the one to resume (failed, cancelled, or lost with its lease expired), or a new one,
+    checked first (its world, or its app: `tenant`'s, by name, when several tenants registered that name)."""
+    import sqlalchemy as sa
+
     from agentloop.learner.config import LoopConfig
+    from agentloop.learner.task_source import TaskSourceError, TaskSourceUnavailable, load_source
     from agentloop.store.db import session_scope
-    from agentloop.store.models import TrainingRun, TrainingRunStatus, utcnow
+    from agentloop.store.models import Tenant, TrainingRun, TrainingRunStatus, utcnow
     from agentloop.store.training_runs import CLI_TRIGGER
 
     with session_scope() as s:
@@ -457,7 +468,28 @@ def _learn_run(resume: str | None, algo: str, iterations: int, overrides: dict[s
                 config = LoopConfig.for_algo(algo, iterations=iterations, **overrides)
             except (TypeError, ValueError) as exc:
                 raise typer.BadParameter(str(exc)) from None
-            run = TrainingRun(algo=algo, status="queued", trigger=CLI_TRIGGER, config=config.to_dict(), progress={})
+            tenant_id = None
+            if tenant is not None:
+                if config.app is None:
+                    raise typer.BadParameter("--tenant says whose --app to train on; give --app", param_hint="--tenant")
+                tenant_id = s.scalar(sa.select(Tenant.id).where(Tenant.name == tenant))
+                if tenant_id is None:
+                    raise typer.BadParameter(f"no tenant named {tenant!r}", param_hint="--tenant")
+            try:
+                source = load_source(s, config, tenant_id, settings.secret_key)
+            except TaskSourceError as exc:
+                raise typer.BadParameter(str(exc), param_hint="--app" if config.app else "--set world") from None
+            except TaskSourceUnavailable as exc:
+                typer.echo(f"cannot start training: {exc}", err=True)
+                raise typer.Exit(1) from None
+            run = TrainingRun(
+                algo=algo,
+                status="queued",
+                trigger=CLI_TRIGGER,
+                tenant_id=source.tenant_id,  # a run on an app is its tenant's
+                config=config.to_dict(),
+                progress={},
+            )
             s.add(run)
             s.flush()
             run_id = run.id
@@ -473,11 +505,16 @@ def learn(
     max_turns: int = typer.Option(None, min=1, help="Turn limit of a rollout (default 40)."),
     max_new_tokens: int = typer.Option(None, min=1, help="New tokens per turn (default 1500)."),
     dev_limit: int = typer.Option(None, min=1, help="Evaluate candidates on the first N dev tasks only."),
+    app_name: str = typer.Option(
+        None, "--app", help="Train on a registered resettable app's train tasks instead of the world's."
+    ),
+    tenant: str = typer.Option(None, help="Tenant that registered --app (needed if several did)."),
     option: list[str] = typer.Option([], "--set", help="Any training option as key=value (JSON values)."),
     resume: str = typer.Option(None, help="Resume this training run from its last checkpoint."),
 ) -> None:
-    """Run training iterations in this process, with progress, and print each iteration's metrics.
-    Under `accelerate launch` (or torchrun) the processes share each update (DDP).
+    """Run training iterations in this process, with progress, and print each iteration's metrics. Tasks
+    come from the world's train split, or with --app from a registered app's (each rollout reset in the
+    app and scored by it). Under `accelerate launch` (or torchrun) the processes share each update (DDP).
 
     Ctrl-C (SIGINT) or SIGTERM cancels the run at its next safe point (a second one: at once); either way
     the run ends `cancelled`, and `--resume` continues it from its last checkpoint. Only `--resume`
@@ -510,12 +547,13 @@ def learn(
         ("max_turns", max_turns),
         ("max_new_tokens", max_new_tokens),
         ("dev_limit", dev_limit),
+        ("app", app_name),
     ):
         if value is not None:
             overrides[key] = value
     run_id = None
     if state.is_main_process:
-        run_id = _learn_run(resume, algo, iterations, overrides)
+        run_id = _learn_run(settings, resume, algo, iterations, overrides, tenant)
     if state.num_processes > 1:
         from accelerate.utils import broadcast_object_list
 

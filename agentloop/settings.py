@@ -52,7 +52,9 @@ class Settings(BaseSettings):
         7200, description="Broker visibility timeout: an unacked message is redelivered after this long."
     )
     lease_s: int = Field(60, description="A worker's lease on a task; renewed every lease_s/4 seconds.")
-    max_attempts: int = Field(3, description="Episodes re-run after a lost worker before the task fails.")
+    max_attempts: int = Field(
+        3, description="Attempts at a task (re-run after a lost worker or an app's outage) before it fails."
+    )
     sweep_interval_s: int = Field(15, description="How often beat re-dispatches tasks with expired leases.")
     requeue_after_s: int = Field(
         600, description="A queued task unclaimed this long is published again (lost message)."
@@ -132,6 +134,34 @@ class Settings(BaseSettings):
         2_097_152, description="Largest argument schemas of all of an app's operations together, expanded likewise."
     )
 
+    # --- external apps as environments: an outage at reset or evaluation is an error, never a reward ----
+    app_control_attempts: int = Field(
+        4,
+        description="Tries of agentloop_reset and agentloop_evaluate when the app cannot be reached, times out or "
+        "answers 5xx (an answer 4xx is not tried again).",
+    )
+    app_control_backoff_s: float = Field(
+        0.5, description="Wait before the second of those tries, doubled before each later one (0.5, 1, 2 s)."
+    )
+    app_control_timeout_s: float = Field(
+        15.0,
+        description="Read timeout of one agentloop_reset or agentloop_evaluate request (an agent's call gets 10 s): "
+        "setting up a task's state may take longer than an API call.",
+    )
+    app_release_timeout_s: float = Field(
+        2.0, description="Timeout of agentloop_release, sent once when an episode ends (best effort)."
+    )
+    app_submit_timeout_s: float = Field(
+        3.0,
+        description="Timeout of the agentloop_tasks request a task naming an app's task makes when it is submitted; "
+        "an app down then answers 503 with Retry-After.",
+    )
+    app_retry_after_s: int = Field(
+        30,
+        description="That 503's Retry-After, and how long a served task whose evaluation met an outage waits "
+        "before it runs again as a new attempt.",
+    )
+
     @model_validator(mode="after")
     def _check(self) -> Settings:
         if self.env == "production" and self.secret_key == DEFAULT_SECRET:
@@ -146,6 +176,13 @@ class Settings(BaseSettings):
         if not 1 <= self.openapi_max_schema_depth <= 128:
             # jsonschema recurses several frames per level when it checks a call's arguments
             raise ValueError("AGENTLOOP_OPENAPI_MAX_SCHEMA_DEPTH must be between 1 and 128")
+        if self.app_control_attempts < 1 or self.app_control_backoff_s < 0:
+            raise ValueError(
+                "AGENTLOOP_APP_CONTROL_ATTEMPTS must be at least 1 and AGENTLOOP_APP_CONTROL_BACKOFF_S >= 0"
+            )
+        for name in ("control_timeout_s", "release_timeout_s", "submit_timeout_s"):
+            if getattr(self, f"app_{name}") <= 0:
+                raise ValueError(f"AGENTLOOP_APP_{name.upper()} must be positive")
         for name in ("operations", "ref_depth", "operation_schema_bytes", "app_schema_bytes"):
             if getattr(self, f"openapi_max_{name}") < 1:
                 raise ValueError(f"AGENTLOOP_OPENAPI_MAX_{name.upper()} must be at least 1")

@@ -33,7 +33,8 @@ def _n_actions(turn: Any) -> int:
 def behaviour(episodes: Sequence[Sequence[Any]]) -> dict[str, float]:
     """Each episode as its turns in order.
 
-    api_docs_calls_per_episode   calls to the api_docs app
+    api_docs_calls_per_episode   doc lookups: calls to the api_docs app that were answered (a call to an
+                                 api_docs API, app or API that does not exist read no docs, so is left out)
     failed_calls_per_episode     calls answered with an error
     give_up_after_failure_rate   of the failed calls, those after which the agent tried nothing else
                                  (its next call ends the task, or there is no next turn)
@@ -47,7 +48,7 @@ def behaviour(episodes: Sequence[Sequence[Any]]) -> dict[str, float]:
     for ep in episodes:
         for i, turn in enumerate(ep):
             call = _call(turn)
-            docs += call is not None and call[0] == "api_docs"
+            docs += call is not None and call[0] == "api_docs" and turn.error_kind is None
             if not _failed(turn):
                 continue
             failed += 1

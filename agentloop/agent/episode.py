@@ -13,7 +13,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentloop.agent.actions import parse_action
-from agentloop.agent.prompt import ChatFormat, example_messages, render_observation, render_system, render_task
+from agentloop.agent.prompt import (
+    ChatFormat,
+    example_messages,
+    render_observation,
+    render_system,
+    render_task,
+    world_prompt,
+)
 from agentloop.apps.base import ApiError
 from agentloop.apps.tasks import ToolCall
 from agentloop.apps.world import World
@@ -78,10 +85,9 @@ class Episode:
     started: float = field(default_factory=time.monotonic)
 
     def __post_init__(self) -> None:
-        profile = self.world.state["supervisor"]["profile"]["1"]
-        apps = [(name, self.world.apps[name].description) for name in self.world.available]
+        parts = world_prompt(self.world)  # once per episode (an app's worked example is fetched here)
         self.prompt_token_ids = self.fmt.opening(
-            render_system(profile, apps), render_task(profile, self.instruction, self.world.now), example_messages()
+            render_system(self.world, parts), render_task(parts, self.instruction), example_messages(parts.example)
         )
         self.context = list(self.prompt_token_ids)
 
@@ -138,7 +144,7 @@ class Episode:
                     f"\n[Note: your reply had {len(parsed.actions)} tool calls; only the first was run. "
                     "Make one call per turn.]"
                 )
-        observation = self.fmt.truncate(observation, self.limits.observation_max_tokens)
+        observation = self._capped(observation, call)
         obs_ids = self.fmt.observation_ids(observation, stopped=gen.finish_reason == "stop")
         env_s = time.perf_counter() - t0
         turn = Turn(
@@ -162,6 +168,42 @@ class Episode:
         if self.world.completed:
             self.finish("completed")
         return turn
+
+    def _capped(self, observation: str, call: ToolCall | None) -> str:
+        """The observation within the cap; a longer one is cut, with a note of what the agent can do about it."""
+        tokenizer, cap = self.fmt.tokenizer, self.limits.observation_max_tokens
+        ids = tokenizer.encode(observation, add_special_tokens=False)
+        if len(ids) <= cap:
+            return observation
+        kept = tokenizer.decode(ids[:cap], skip_special_tokens=True)
+        return f"{kept}\n[Output truncated: showed {cap} of {len(ids)} tokens. {truncation_advice(self.world, call)}]"
+
+
+# Parameters that make an API answer with less, and how the truncation note names them (the first one of
+# each group that the API takes).
+SHORTER_OUTPUT = (
+    (("page_limit", "limit", "per_page", "max_results"), "a smaller {}"),
+    (("query", "q", "search", "filter"), "a narrower {}"),
+)
+
+
+def truncation_advice(world: World, call: ToolCall | None) -> str:
+    """How to ask the called API for less, naming only parameters it takes."""
+    if call is None:
+        return "The rest is not shown."
+    try:
+        props = world.api_of(call.app, call.api).parameters.get("properties") or {}
+    except ApiError:  # no such API: its error is what was cut
+        return "The rest is not shown."
+    options = []
+    for names, phrase in SHORTER_OUTPUT:
+        taken = next((n for n in names if n in props), None)
+        if taken is not None:
+            options.append(phrase.format(taken))
+    if options:
+        rest = " (and page_index for the rest)" if "page_index" in props else ""
+        return f"Ask for less: {' or '.join(options)}{rest}."
+    return f"{call.app}.{call.api} takes no parameter that asks for less; the rest is not shown."
 
 
 OnTurn = Callable[[Episode, Turn], None]

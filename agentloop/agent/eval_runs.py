@@ -12,9 +12,9 @@ from sqlalchemy.orm import Session
 
 from agentloop.agent.episode import Episode
 from agentloop.agent.evaluate import EpisodeResult, EvalTask
-from agentloop.apps.external import ExternalApp
+from agentloop.agent.external_episode import NotAnEnvironment, start_external_episode
+from agentloop.apps.external import SEPARATOR, ExternalApp
 from agentloop.apps.registry import WorldProvider
-from agentloop.apps.remote_env import RemoteEvaluator
 from agentloop.apps.tasks import TaskSpec, ToolCall, run_oracle
 from agentloop.apps.world import World
 from agentloop.policy.base import Policy
@@ -54,29 +54,34 @@ def eval_task(provider: WorldProvider, spec: TaskSpec) -> EvalTask:
     )
 
 
-def external_tasks(app: ExternalApp, base_world: Callable[[], World], task_refs: list[str] | None) -> list[EvalTask]:
-    """Tasks of an external app that declares agentloop_reset/evaluate; each episode resets it first."""
+def external_tasks(
+    app: ExternalApp,
+    base_world: Callable[[], World],
+    task_refs: list[str] | None,
+    split: str | None = None,
+    qualified: bool = False,
+) -> list[EvalTask]:
+    """Tasks of an external app that declares agentloop_reset/evaluate (those named, else every one, or
+    those of `split`); each episode resets the app first. `qualified`: task refs "<app>:<ref>", as served
+    tasks and training name them, instead of the app's own."""
     env = app.environment()
     if env is None:
-        raise ValueError(f"app {app.name!r} declares no agentloop_reset and agentloop_evaluate operations")
+        raise NotAnEnvironment(f"app {app.name!r} declares no agentloop_reset and agentloop_evaluate operations")
     offered = {t["task_ref"]: t for t in env.tasks()}
     refs = task_refs if task_refs is not None else list(offered)
     unknown = [r for r in refs if r not in offered]
     if unknown:
         raise ValueError(f"app {app.name!r} does not offer task(s) {', '.join(unknown)}")
+    if split is not None:
+        refs = [r for r in refs if str(offered[r].get("split", "test")) == split]
 
     def start(ref: str) -> tuple[World, Any]:
-        episode_app = app.fork()  # its own client: its own Agentloop-Episode header
-        environment = episode_app.environment()
-        assert environment is not None
-        environment.reset(ref)
-        world = base_world()
-        world.attach(episode_app.spec())
-        return world, RemoteEvaluator(environment, ref)
+        started = start_external_episode(app, ref, base_world())
+        return started.world, started.evaluator
 
     return [
         EvalTask(
-            task_ref=ref,
+            task_ref=f"{app.name}{SEPARATOR}{ref}" if qualified else ref,
             scenario=ref,
             split=str(offered[ref].get("split", "test")),
             difficulty=0,
@@ -138,6 +143,7 @@ def record_episode(session: Session, run: EvalRun, policy: Policy, result: Episo
         policy=policy.name,
         adapter=run.adapter,
         verdict=result.verdict,
+        error=result.error,
         eval_run_id=run.id,
     )
 
@@ -192,7 +198,7 @@ def run_eval_command(
     from rich.table import Table
 
     from agentloop.agent.episode import Limits
-    from agentloop.agent.evaluate import run_eval, summarize
+    from agentloop.agent.evaluate import run_eval, scored, summarize, tgc
     from agentloop.apps.builtin import BUILTIN
     from agentloop.apps.registry import get_world
     from agentloop.store.db import session_scope
@@ -275,7 +281,7 @@ def run_eval_command(
             done.append(result)
             with session_scope() as s:
                 record_episode(s, s.merge(run), runner, result)
-            progress.update(bar, advance=1, tgc=100.0 * sum(r.success for r in done) / len(done))
+            progress.update(bar, advance=1, tgc=tgc(scored(done)))
 
         try:
             run_eval(
@@ -316,5 +322,10 @@ def run_eval_command(
         )
     console.print(table)
     console.print(f"episodes ended by: {metrics['finish_reasons']}; mean turns {metrics['mean_turns']}")
+    if metrics["errors"]:
+        reasons = sorted({r.error for r in done if r.error})
+        console.print(
+            f"{metrics['errors']} episode(s) could not be evaluated and count in no figure above: " + "; ".join(reasons)
+        )
     console.print("behaviour: " + ", ".join(f"{k} {v}" for k, v in metrics["behaviour"].items()))
     return {"eval_run": run_id, "world": world_name, "split": split_name, "policy": policy, "k": k, **metrics}

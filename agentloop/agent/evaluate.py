@@ -7,12 +7,13 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from agentloop.agent.behaviour import behaviour
 from agentloop.agent.episode import Episode, Limits, run_episodes
 from agentloop.agent.prompt import ChatFormat
 from agentloop.apps.evaluation import Verdict
+from agentloop.apps.remote_env import EnvironmentFailure
 from agentloop.apps.tasks import ToolCall
 from agentloop.apps.world import World, WorldState
 from agentloop.policy.base import Policy
@@ -20,6 +21,13 @@ from agentloop.policy.base import Policy
 
 class Evaluator(Protocol):
     def evaluate(self, before: WorldState, after: WorldState, answer: str | None) -> Verdict: ...
+
+
+@runtime_checkable
+class Releasing(Protocol):
+    """An evaluator whose episode holds state elsewhere (an external app's), freed when the episode ends."""
+
+    def release(self) -> None: ...
 
 
 @dataclass
@@ -39,17 +47,22 @@ class EvalTask:
 class EpisodeResult:
     task: EvalTask
     repetition: int
-    verdict: Verdict
+    verdict: Verdict | None  # None: not evaluated (`error` says why); such a result has no reward at all
     episode: Episode
     error: str | None = None
 
     @property
     def success(self) -> bool:
-        return self.verdict.success
+        return self._verdict().success
 
     @property
     def reward(self) -> float:
-        return self.verdict.reward
+        return self._verdict().reward
+
+    def _verdict(self) -> Verdict:
+        if self.verdict is None:  # never a zero: callers leave errors out of metrics and training
+            raise ValueError(f"episode {self.task.task_ref}#{self.repetition} was not evaluated: {self.error}")
+        return self.verdict
 
 
 @dataclass
@@ -72,30 +85,49 @@ def run_eval(
     prepare: Callable[[Episode, EvalTask], None] | None = None,
 ) -> list[EpisodeResult]:
     """Run every task k times, `batch_size` episodes at a time. `prepare` is called once per episode
-    before it starts (the oracle policy uses it to queue the expert's calls)."""
+    before it starts (the oracle policy uses it to queue the expert's calls). An episode an external app
+    could not evaluate is a result with `error` and no verdict; an app that cannot be reset raises
+    (EnvironmentFailure)."""
     fmt = ChatFormat(policy.tokenizer)
     jobs = [(task, rep) for rep in range(k) for task in tasks]
     results: list[EpisodeResult] = []
     for start in range(0, len(jobs), batch_size):
         batch: list[_Running] = []
-        for task, rep in jobs[start : start + batch_size]:
-            world, evaluator = task.start()
-            ep = Episode(world, fmt, task.instruction, limits, adapter=adapter, key=f"{task.task_ref}#{rep}")
-            if prepare is not None:
-                prepare(ep, task)
-            batch.append(_Running(task, rep, ep, evaluator, world.copy_state()))
-        run_episodes(policy, [r.episode for r in batch])
-        for r in batch:
-            world = r.episode.world
-            verdict = r.evaluator.evaluate(r.before, world.state, world.answer)
-            result = EpisodeResult(r.task, r.repetition, verdict, r.episode)
-            results.append(result)
-            if on_result is not None:
-                on_result(result)
+        try:
+            for task, rep in jobs[start : start + batch_size]:
+                world, evaluator = task.start()
+                ep = Episode(world, fmt, task.instruction, limits, adapter=adapter, key=f"{task.task_ref}#{rep}")
+                batch.append(_Running(task, rep, ep, evaluator, world.copy_state()))
+                if prepare is not None:
+                    prepare(ep, task)
+            run_episodes(policy, [r.episode for r in batch])
+            for r in batch:
+                result = _evaluated(r)
+                results.append(result)
+                if on_result is not None:
+                    on_result(result)
+        finally:  # ended however the batch did: external apps may free the episodes' state
+            for r in batch:
+                if isinstance(r.evaluator, Releasing):
+                    r.evaluator.release()
     return results
 
 
+def _evaluated(r: _Running) -> EpisodeResult:
+    world = r.episode.world
+    try:
+        verdict = r.evaluator.evaluate(r.before, world.state, world.answer)
+    except EnvironmentFailure as exc:
+        return EpisodeResult(r.task, r.repetition, None, r.episode, error=exc.message)
+    return EpisodeResult(r.task, r.repetition, verdict, r.episode)
+
+
 # --- metrics ------------------------------------------------------------------------------------
+
+
+def scored(results: Sequence[EpisodeResult]) -> list[EpisodeResult]:
+    """The results that have a reward: an episode the app could not evaluate counts in no metric."""
+    return [r for r in results if r.verdict is not None]
 
 
 def tgc(results: Sequence[EpisodeResult]) -> float:
@@ -126,16 +158,20 @@ def _block(results: Sequence[EpisodeResult]) -> dict[str, Any]:
 
 
 def summarize(results: Sequence[EpisodeResult]) -> dict[str, Any]:
-    """Overall, per split and per difficulty, plus how episodes ended."""
+    """Overall, per split and per difficulty (over evaluated episodes only), plus how episodes ended and
+    how many could not be evaluated (`errors`)."""
     by_split: dict[str, list[EpisodeResult]] = defaultdict(list)
     by_difficulty: dict[int, list[EpisodeResult]] = defaultdict(list)
     finish: dict[str, int] = defaultdict(int)
-    for r in results:
+    evaluated = scored(results)
+    for r in evaluated:
         by_split[r.task.split].append(r)
         by_difficulty[r.task.difficulty].append(r)
+    for r in results:
         finish[r.episode.finish_reason or "unknown"] += 1
     return {
-        **_block(results),
+        **_block(evaluated),
+        "errors": len(results) - len(evaluated),
         "splits": {s: _block(rs) for s, rs in sorted(by_split.items())},
         "difficulty": {str(d): _block(rs) for d, rs in sorted(by_difficulty.items())},
         "finish_reasons": dict(sorted(finish.items())),

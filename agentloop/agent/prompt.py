@@ -1,19 +1,33 @@
 """Prompt rendering: the system prompt, the first user message, and the token segments the episode
 appends after each turn. Token-in/token-out: the context is a concatenation of exact token ids;
-nothing already in it is ever re-tokenised."""
+nothing already in it is ever re-tokenised.
+
+The opening prompt is composed from the world: its apps, and its provider's persona, conventions and
+worked example (`World.prompt`); a world that supplies none, and a task of attached (external) apps
+only, get the neutral parts of `apps/world_prompt.py`."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from datetime import datetime
+import logging
+from dataclasses import dataclass, replace
 from typing import Any
 
 from agentloop.agent.actions import render_action
+from agentloop.apps.api_doc import one_line
 from agentloop.apps.tasks import ToolCall
+from agentloop.apps.world import ALWAYS_AVAILABLE, World
+from agentloop.apps.world_prompt import WorkedExample, WorldPrompt, neutral_prompt
 from agentloop.policy.base import Tokenizer
 
-SYSTEM = """You are an assistant that completes tasks for {name} by calling the APIs of their apps.
+log = logging.getLogger(__name__)
+
+# an app's description in the list of apps: one line of at most this many estimated tokens (`text_size`),
+# about 200 characters of English (external apps write their own)
+DESCRIPTION_SIZE = 50
+DOCS_RULE = "Use api_docs.list_apis and api_docs.show_api_doc to learn an app's APIs and their parameters."
+
+SYSTEM = """{persona}
 
 Apps you can use:
 {apps}
@@ -23,59 +37,65 @@ Each turn, reply with exactly one API call, written like this:
 The result comes back in the next message. Then make the next call.
 
 Rules:
-- Use api_docs.list_apis and api_docs.show_api_doc to learn an app's APIs and their parameters.
-- Apps with accounts need an access_token: get the password from supervisor.show_account_passwords,
-  then call the app's login API with your email as username.
-- Lists come in pages (page_index, page_limit): keep asking for the next page until it is empty.
-- Never guess ids, emails or amounts: look them up.
+{rules}
 - When the task is done, call supervisor.complete_task. If the task asks a question, pass the answer:
   {answer_call}
 
 The first task below is a worked example; the real task comes after it."""
 
 
-def render_system(supervisor: dict[str, Any], apps: list[tuple[str, str]]) -> str:
-    app_lines = "\n".join(f"- {name}: {desc}" for name, desc in apps)
+def world_prompt(world: World) -> WorldPrompt:
+    """The parts this episode's prompt is made of: the provider's while the task uses one of the world's
+    own apps (or no attached app), else the neutral ones with the first app's own worked example."""
+    own = [a for a in world.available if a not in ALWAYS_AVAILABLE and a not in world.attached]
+    if world.prompt is not None and (own or not world.attached):
+        return world.prompt(world)
+    neutral = neutral_prompt()
+    return replace(neutral, example=app_example(world) or neutral.example)
+
+
+def app_example(world: World) -> WorkedExample | None:
+    """The worked example of the first available app that serves one; None when none does or it fails."""
+    for name in world.available:
+        fetch = world.apps[name].worked_example
+        if fetch is None:
+            continue
+        try:
+            return fetch()
+        except Exception as exc:  # whatever the app does, the episode starts with the neutral example
+            log.warning("app %s: no worked example (%s); the neutral one is used", name, exc)
+            return None
+    return None
+
+
+def render_system(world: World, parts: WorldPrompt) -> str:
+    listed = [name for name in world.available if name not in parts.unlisted_apps]
+    apps = [_app_line(name, world.apps[name].description) for name in listed]
     return SYSTEM.format(
-        name=f"{supervisor['first_name']} {supervisor['last_name']}",
-        apps=app_lines,
-        example_call=render_action(ToolCall("api_docs", "list_apis", {"app_name": "supervisor"})),
+        persona=parts.persona,
+        apps="\n".join(apps),
+        example_call=render_action(parts.first_call),
+        rules="\n".join(f"- {rule}" for rule in (DOCS_RULE, *parts.conventions)),
         answer_call=render_action(ToolCall("supervisor", "complete_task", {"answer": "42"})),
     )
 
 
-# A worked example shown before every task (one-shot): a small model copies its form.
-EXAMPLE: list[tuple[ToolCall, Any]] = [
-    (
-        ToolCall("supervisor", "show_account_passwords", {}),
-        [{"app": "notes", "username": "me@example.com", "password": "x7Gk2pQ9"}],
-    ),
-    (
-        ToolCall("notes", "login", {"username": "me@example.com", "password": "x7Gk2pQ9"}),
-        {"access_token": "3f9a1c", "token_type": "Bearer"},
-    ),
-    (
-        ToolCall("notes", "list_notes", {"access_token": "3f9a1c", "tag": "work", "page_limit": 20}),
-        [{"note_id": 4, "title": "Q3 plan"}, {"note_id": 9, "title": "1:1 notes"}],
-    ),
-    (ToolCall("supervisor", "complete_task", {"answer": 2}), "Task marked as complete."),
-]
+def _app_line(name: str, description: str) -> str:
+    summary = one_line(description, DESCRIPTION_SIZE)
+    return f"- {name}: {summary}" if summary else f"- {name}"
 
 
-def example_messages() -> list[dict[str, str]]:
-    messages = [{"role": "user", "content": "Task: How many of my notes have the tag 'work'?"}]
-    for call, result in EXAMPLE:
-        messages.append({"role": "assistant", "content": render_action(call)})
-        messages.append({"role": "user", "content": render_observation(call, True, result)})
+def example_messages(example: WorkedExample) -> list[dict[str, str]]:
+    """The worked example as chat messages: the task, then each call and what it returned."""
+    messages = [{"role": "user", "content": f"Task: {example.instruction}"}]
+    for step in example.steps:
+        messages.append({"role": "assistant", "content": render_action(step.call)})
+        messages.append({"role": "user", "content": render_observation(step.call, True, step.observation)})
     return messages
 
 
-def render_task(supervisor: dict[str, Any], instruction: str, now: datetime) -> str:
-    return (
-        f"I am {supervisor['first_name']} {supervisor['last_name']}. My email is {supervisor['email']} and "
-        f"my phone number is {supervisor['phone']}. It is now {now:%A, %B} {now.day}, {now:%Y, %H:%M} UTC.\n"
-        f"Task: {instruction}"
-    )
+def render_task(parts: WorldPrompt, instruction: str) -> str:
+    return f"{parts.preamble}Task: {instruction}"
 
 
 def render_observation(call: ToolCall | None, ok: bool, value: Any) -> str:

@@ -16,10 +16,11 @@ from sqlalchemy.exc import OperationalError
 from agentloop import events
 from agentloop.agent.episode import Episode, Limits, Turn, run_episodes
 from agentloop.agent.evaluate import Evaluator
+from agentloop.agent.external_episode import ExternalEpisode, start_external_episode
 from agentloop.agent.prompt import ChatFormat
-from agentloop.apps.external import split_task_ref
+from agentloop.apps.external import free_instruction_refusal, split_task_ref
 from agentloop.apps.registry import get_world
-from agentloop.apps.remote_env import RemoteEvaluator
+from agentloop.apps.remote_env import EnvironmentFailure
 from agentloop.apps.world import World
 from agentloop.policy.base import Policy
 from agentloop.settings import Settings
@@ -77,6 +78,7 @@ class Heartbeat(threading.Thread):
 class Prepared:
     world: World
     evaluator: Evaluator | None
+    external: ExternalEpisode | None = None  # the app's episode, for a task of an external app
 
 
 def prepare_world(task: Task, settings: Settings) -> Prepared:
@@ -89,16 +91,17 @@ def prepare_world(task: Task, settings: Settings) -> Prepared:
             for row in app_store.list_apps(s, task.tenant_id)
             if row.name in task.apps
         }
+    if not task.task_ref:  # refused at submission; this stops a task queued before that rule
+        for app in registered.values():
+            if app.environment() is not None:
+                raise ValueError(free_instruction_refusal(app.name))
     external_ref = split_task_ref(task.task_ref) if task.task_ref else None
     evaluator: Evaluator | None = None
+    external: ExternalEpisode | None = None
     if external_ref and external_ref[0] in registered:
-        app = registered[external_ref[0]]
-        environment = app.environment()
-        if environment is None:
-            raise ValueError(f"app {app.name!r} no longer declares agentloop_reset/agentloop_evaluate")
-        environment.reset(external_ref[1])
         world = provider.new_world(int(task.options.get("seed", 0)), [])
-        evaluator = RemoteEvaluator(environment, external_ref[1])
+        external = start_external_episode(registered.pop(external_ref[0]), external_ref[1], world)
+        evaluator = external.evaluator
     elif task.task_ref:
         world = provider.task_world(task.task_ref)
         evaluator = provider.task(task.task_ref).evaluator
@@ -106,7 +109,7 @@ def prepare_world(task: Task, settings: Settings) -> Prepared:
         world = provider.new_world(int(task.options.get("seed", 0)), [a for a in task.apps if a not in registered])
     for app in registered.values():
         world.attach(app.spec())
-    return Prepared(world, evaluator)
+    return Prepared(world, evaluator, external)
 
 
 class AdapterPins:
@@ -185,7 +188,8 @@ def pin_adapter(policy: Policy, settings: Settings) -> str | None:
 
 
 def run_served_task(task_id: str, owner: str, policy: Policy, settings: Settings) -> str:
-    """Returns what happened: not_claimed | succeeded | failed | cancelled | lease_lost."""
+    """Returns what happened: not_claimed | finished | failed | cancelled | lease_lost | retrying (the
+    app's evaluation met an outage: the task is queued again, for a new attempt)."""
     with session_scope() as s:
         task = task_store.claim_task(s, task_id, owner, settings.lease_s)
         if task is None:
@@ -193,8 +197,9 @@ def run_served_task(task_id: str, owner: str, policy: Policy, settings: Settings
         task_store.abandon_running_episodes(s, task_id, "worker_lost")
         attempt = task.attempts
         if attempt > settings.max_attempts:
+            last = f"; the last: {task.error}" if task.error else ""
             task_store.finish_task(
-                s, task_id, owner, TaskStatus.FAILED, error=f"gave up after {settings.max_attempts} attempts"
+                s, task_id, owner, TaskStatus.FAILED, error=f"gave up after {settings.max_attempts} attempts{last}"
             )
             events.publish(events.task_channel(task_id), {"type": "status"})
             return "failed"
@@ -203,10 +208,18 @@ def run_served_task(task_id: str, owner: str, policy: Policy, settings: Settings
 
     try:
         prepared = prepare_world(task, settings)
-        adapter = pin_adapter(policy, settings)
+        try:
+            adapter = pin_adapter(policy, settings)
+        except BaseException:
+            _end_app_episode(prepared)
+            raise
     except TRANSIENT:
         _release(task_id, owner, "database unavailable while starting; retrying")
         raise
+    except EnvironmentFailure as exc:  # its reset failed: refused, or down through every try (settings)
+        log.warning("task %s could not start: %s", task_id, exc.message)
+        _fail(task_id, owner, None, f"could not start the episode: {exc.message}")
+        return "failed"
     except Exception as exc:
         log.exception("task %s could not start", task_id)
         _fail(task_id, owner, None, f"could not start the episode: {exc}")
@@ -215,6 +228,13 @@ def run_served_task(task_id: str, owner: str, policy: Policy, settings: Settings
         return _run_pinned(task, attempt, owner, policy, settings, prepared, adapter)
     finally:
         PINS.release(adapter)
+        _end_app_episode(prepared)
+
+
+def _end_app_episode(prepared: Prepared) -> None:
+    """However the episode ended (finished, cancelled, failed, lost), the app may free its state."""
+    if prepared.external is not None:
+        prepared.external.environment.release()
 
 
 def _run_pinned(
@@ -263,23 +283,39 @@ def _run_pinned(
         log.exception("episode of task %s failed", task_id)
         _fail(task_id, owner, episode_id, f"episode failed: {type(exc).__name__}: {exc}")
         return "failed"
+    except BaseException:
+        heartbeat.stop_event.set()
+        raise
+
+    try:  # the lease is still renewed while the app evaluates: its tries may outlast a lease
+        if episode.finish_reason == "lease_lost":
+            with session_scope() as s:
+                episode_store.finish_episode(s, episode_id, "abandoned", "lease_lost")
+            return "lease_lost"
+        return _complete(task_id, attempt, owner, settings, episode_id, episode, prepared, before)
     finally:
         heartbeat.stop_event.set()
 
-    if episode.finish_reason == "lease_lost":
-        with session_scope() as s:
-            episode_store.finish_episode(s, episode_id, "abandoned", "lease_lost")
-        return "lease_lost"
-    return _complete(task_id, owner, episode_id, episode, prepared, before)
 
-
-def _complete(task_id: str, owner: str, episode_id: str, episode: Episode, prepared: Prepared, before: Any) -> str:
+def _complete(
+    task_id: str,
+    attempt: int,
+    owner: str,
+    settings: Settings,
+    episode_id: str,
+    episode: Episode,
+    prepared: Prepared,
+    before: Any,
+) -> str:
     world = prepared.world
     cancelled = episode.finish_reason == "cancelled"
     # A cancelled episode was cut short by the client, not ended by the agent: scoring its unfinished
     # state would report (and train on) a reward for work the agent was not allowed to finish.
     evaluator = None if cancelled else prepared.evaluator
-    verdict = evaluator.evaluate(before, world.state, world.answer) if evaluator else None
+    try:
+        verdict = evaluator.evaluate(before, world.state, world.answer) if evaluator else None
+    except EnvironmentFailure as exc:
+        return _not_evaluated(task_id, attempt, owner, settings, episode_id, episode, exc)
     with session_scope() as s:
         episode_store.finish_episode(s, episode_id, "finished", episode.finish_reason, answer=world.answer)
         if verdict is not None:
@@ -304,6 +340,34 @@ def _complete(task_id: str, owner: str, episode_id: str, episode: Episode, prepa
         )
     events.publish(events.task_channel(task_id), {"type": "done"})
     return status
+
+
+def _not_evaluated(
+    task_id: str,
+    attempt: int,
+    owner: str,
+    settings: Settings,
+    episode_id: str,
+    episode: Episode,
+    exc: EnvironmentFailure,
+) -> str:
+    """The app could not score the episode: the episode is an error with the reason and no reward (never a
+    zero: an outage says nothing of the agent), so no TGC, reward or training counts it. An outage, or an
+    episode the app lost, gives the task a new attempt (reset afresh) while attempts remain."""
+    answer = episode.world.answer
+    retry = exc.retryable and attempt < settings.max_attempts
+    reason = f"attempt {attempt} was not evaluated: {exc.message}; no reward recorded"
+    with session_scope() as s:
+        episode_store.finish_episode(s, episode_id, "failed", episode.finish_reason, answer=answer, error=exc.message)
+        if retry:
+            note = f"{reason}; retrying as attempt {attempt + 1} in {settings.app_retry_after_s} s"
+            task_store.release_task(s, task_id, owner, note)
+        else:
+            gave_up = f"; gave up after {attempt} attempts" if exc.retryable else ""
+            task_store.finish_task(s, task_id, owner, TaskStatus.FAILED, error=reason + gave_up, answer=answer)
+    log.warning("task %s: %s", task_id, reason)
+    events.publish(events.task_channel(task_id), {"type": "status" if retry else "done"})
+    return "retrying" if retry else TaskStatus.FAILED
 
 
 def _release(task_id: str, owner: str, note: str) -> None:

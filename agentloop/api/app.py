@@ -14,7 +14,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agentloop import __version__
-from agentloop.api.errors import ServiceError, TooLarge
+from agentloop.api.errors import ServiceError, TooLarge, Unavailable
 from agentloop.api.metrics import HTTP_LATENCY, HTTP_REQUESTS
 from agentloop.api.routes import admin, apps, health, tasks
 from agentloop.settings import Settings, get_settings
@@ -86,8 +86,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.exception_handler(ServiceError)
     async def _service_error(_: Request, exc: ServiceError) -> JSONResponse:
-        headers = {"WWW-Authenticate": "Bearer"} if exc.http_status == 401 else None
-        return error_response(exc, headers)
+        headers = {"WWW-Authenticate": "Bearer"} if exc.http_status == 401 else {}
+        if isinstance(exc, Unavailable) and exc.retry_after_s is not None:
+            headers["Retry-After"] = str(exc.retry_after_s)
+        return error_response(exc, headers or None)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:

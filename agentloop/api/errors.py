@@ -81,6 +81,10 @@ class Unavailable(ServiceError):
     grpc_status = "UNAVAILABLE"
     code = "unavailable"
 
+    def __init__(self, message: str, details: Any = None, retry_after_s: int | None = None) -> None:
+        super().__init__(message, details)
+        self.retry_after_s = retry_after_s  # sent as Retry-After (REST) or retry-after metadata (gRPC)
+
 
 class DeadlineExceeded(ServiceError):
     http_status = 504

@@ -162,6 +162,14 @@ class ApiParameterPublic(BaseModel):
     description: str | None = None
     default: Any = None
     enum: list[Any] | None = None
+    minimum: Any = None
+    maximum: Any = None
+    format: Any = None
+    outline: str | None = Field(
+        None,
+        alias="schema",
+        description="Nested objects and arrays written compactly, e.g. {street: string, tags?: [string]}.",
+    )
 
 
 class ApiDocPublic(BaseModel):
@@ -188,7 +196,9 @@ class TrainCreate(Strict):
     algo: Literal["loop", "grpo", "reinforce"] = Field("loop", description="The update rule.")
     iterations: int = Field(1, ge=1, le=1000, description="Iterations to run.")
     config: dict[str, Any] = Field(
-        default_factory=dict, description="Overrides of the training config (e.g. tasks_per_iteration, lr)."
+        default_factory=dict,
+        description="Overrides of the training config (e.g. tasks_per_iteration, lr; world, or app: the name of one "
+        "of this tenant's registered resettable apps, whose train tasks are then sampled).",
     )
 
 

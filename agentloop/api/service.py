@@ -40,15 +40,24 @@ from agentloop.api.schemas import (
     TrainCreate,
     TrainingRunPublic,
 )
-from agentloop.apps.base import ApiError
-from agentloop.apps.external import ExternalApp, split_task_ref
-from agentloop.apps.openapi import EVALUATE_OP, HIDDEN_OPS, RESET_OP, AppRegistrationError, parse_document
+from agentloop.apps.external import ExternalApp, free_instruction_refusal, split_task_ref
+from agentloop.apps.openapi import (
+    EVALUATE_OP,
+    HIDDEN_OPS,
+    RESET_OP,
+    AppRegistrationError,
+    check_argument_schemas,
+    parse_document,
+)
 from agentloop.apps.openapi_refs import DocumentLimitExceeded
 from agentloop.apps.registry import UnknownWorld, WorldProvider, get_world
+from agentloop.apps.remote_env import EnvironmentFailure
 from agentloop.apps.remote_http import Origin
 from agentloop.apps.world import ALWAYS_AVAILABLE
 from agentloop.learner import adapters
 from agentloop.learner.config import LoopConfig
+from agentloop.learner.task_source import TaskSourceError, TaskSourceUnavailable, load_source
+from agentloop.settings import get_settings
 from agentloop.store import adapters as adapter_store
 from agentloop.store import apps as app_store
 from agentloop.store import episodes as episode_store
@@ -99,21 +108,40 @@ def _resolve(session: Session, principal: Principal, body: TaskCreate, secret_ke
             ) from None
         return spec.instruction, list(spec.apps)
     assert body.instruction is not None and body.apps is not None
-    registered = {row.name for row in app_store.list_apps(session, principal.tenant_id)}
+    registered = {row.name: row for row in app_store.list_apps(session, principal.tenant_id)}
     unknown = [a for a in body.apps if a not in world.apps and a not in registered]
     if unknown:
         known = ", ".join([a for a in world.apps if a not in ALWAYS_AVAILABLE] + sorted(registered))
         raise InvalidRequest(f"unknown app(s) {', '.join(map(repr, unknown))} in world {body.world!r}; known: {known}")
+    for name in body.apps:
+        if name in registered and _is_environment(registered[name]):
+            raise InvalidRequest(free_instruction_refusal(name))
     return body.instruction, list(dict.fromkeys(body.apps))
 
 
+def _is_environment(row: App) -> bool:
+    try:
+        return {RESET_OP, EVALUATE_OP} <= set(app_store.operation_ids(row))
+    except AppRegistrationError:  # registered before the current limits and over one: not usable anyway
+        return False
+
+
 def _external_task(app: ExternalApp, ref: str) -> str:
+    """The instruction of the app's task `ref`. The one request a submission makes to the app: one try with a
+    short timeout, so that a client learns at once (503, Retry-After) that the app it names is down."""
     environment = app.environment()
     if environment is None:
         raise InvalidRequest(f"app {app.name!r} declares no agentloop_reset/agentloop_evaluate: it has no tasks")
+    settings = get_settings()
     try:
-        offered = {t["task_ref"]: t for t in environment.tasks()}
-    except ApiError as exc:
+        offered = {t["task_ref"]: t for t in environment.tasks(timeout_s=settings.app_submit_timeout_s)}
+    except EnvironmentFailure as exc:
+        if exc.retryable:
+            raise Unavailable(
+                f"app {app.name!r} cannot be reached, so the task was not queued ({exc.message}); "
+                "submit it again once the app is up",
+                retry_after_s=settings.app_retry_after_s,
+            ) from None
         raise Unavailable(f"could not list the tasks of app {app.name!r}: {exc.message}") from None
     if ref not in offered:
         raise InvalidRequest(f"app {app.name!r} offers no task {ref!r}")
@@ -266,7 +294,8 @@ def external_app(session: Session, principal: Principal, name: str, secret_key: 
 
 
 def register_app(session: Session, principal: Principal, body: AppCreate, secret_key: str) -> App:
-    """Check the document and the address, then store the app (its auth header encrypted)."""
+    """Check the document (its limits, its argument schemas) and the address, then store the app (its auth
+    header encrypted)."""
     if body.name in _world("builtin").apps:
         raise Conflict(f"{body.name!r} is the name of a built-in app; choose another name")
     if body.allow_private and not principal.is_admin:
@@ -275,6 +304,7 @@ def register_app(session: Session, principal: Principal, body: AppCreate, secret
         )
     try:
         operations = parse_document(body.openapi)
+        check_argument_schemas(operations)
         Origin.parse(body.base_url).checked_addresses(body.allow_private)
     except DocumentLimitExceeded as exc:
         raise InvalidRequest(str(exc), {"limit": exc.setting, "value": exc.limit, "env": exc.env}) from None
@@ -353,13 +383,23 @@ def app_apis(session: Session, principal: Principal, world: str, app: str, secre
 # --- admin: training and adapters ------------------------------------------------------------
 
 
-def start_training(session: Session, principal: Principal, body: TrainCreate, trigger: str = "admin") -> TrainingRun:
-    """Queue a training run (the caller commits, then publishes its id to the learner queue)."""
+def start_training(
+    session: Session, principal: Principal, body: TrainCreate, secret_key: str, trigger: str = "admin"
+) -> TrainingRun:
+    """Queue a training run (the caller commits, then publishes its id to the learner queue). Its world, or
+    its app (`config.app`: one of the tenant's registered apps), is checked first: nothing is stored for a
+    run that could not train."""
     principal.require_admin()
     try:
         config = LoopConfig.for_algo(body.algo, iterations=body.iterations, **body.config)
     except (TypeError, ValueError) as exc:
         raise InvalidRequest(str(exc)) from None
+    try:
+        load_source(session, config, principal.tenant_id, secret_key)
+    except TaskSourceError as exc:
+        raise InvalidRequest(str(exc)) from None
+    except TaskSourceUnavailable as exc:
+        raise Unavailable(str(exc)) from None
     run = TrainingRun(
         algo=body.algo,
         status=TrainingRunStatus.QUEUED,

@@ -8,6 +8,7 @@ the logged-in user, the world's frozen clock) and its validated arguments.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -17,9 +18,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 import jsonschema
 import jsonschema.exceptions
 import jsonschema.validators
+import referencing.exceptions
+
+from agentloop.apps.api_doc import api_doc, clip, one_line
 
 if TYPE_CHECKING:
     from agentloop.apps.world import World
+    from agentloop.apps.world_prompt import WorkedExample
 
 Record = dict[str, Any]
 Table = dict[str, Record]  # record id (as a string) -> record
@@ -71,6 +76,12 @@ def page_params(default_limit: int = 5) -> dict[str, dict[str, Any]]:
     }
 
 
+def schema_problem(error: jsonschema.exceptions.SchemaError) -> str:
+    """How a schema breaks its draft's metaschema, and where in the schema, in one short line."""
+    where = ".".join(str(p) for p in error.absolute_path)
+    return clip(f"{error.message}, at {where}" if where else error.message, 80)
+
+
 ACCESS_TOKEN = string("Access token from this app's `login` API.")
 
 
@@ -84,24 +95,16 @@ class Api:
     handler: Callable[..., Any]
     login_required: bool = False
     hidden: bool = False  # never listed to the agent (e.g. an external app's agentloop_* operations)
+    summary: str = ""  # a short line for listings (an OpenAPI summary); empty: the description's first sentence
 
     def doc(self) -> dict[str, Any]:
-        """What `api_docs.show_api_doc` shows the agent."""
-        params = []
-        required = set(self.parameters.get("required", []))
-        for pname, schema in self.parameters.get("properties", {}).items():
-            entry = {"name": pname, "type": schema.get("type", "any"), "required": pname in required}
-            for key in ("description", "default", "enum", "minimum", "maximum"):
-                if key in schema:
-                    entry[key] = schema[key]
-            params.append(entry)
-        return {
-            "app": self.app,
-            "api": self.name,
-            "description": self.description,
-            "parameters": params,
-            "returns": self.returns,
-        }
+        """The full documentation (`api_docs.show_api_doc` shows it fitted to the observation cap)."""
+        return api_doc(self)
+
+    @property
+    def summary_line(self) -> str:
+        """The API's line in `api_docs.list_apis`: its summary, else its description's first sentence, cut."""
+        return one_line(self.summary or self.description)
 
     @cached_property
     def _validator(self) -> Any:
@@ -112,22 +115,32 @@ class Api:
         return cls(self.parameters)
 
     def validate(self, args: Any) -> dict[str, Any]:
-        """Check arguments against the schema; return them with defaults filled in."""
+        """Check arguments against the schema; return them with defaults filled in. A schema that cannot be
+        used (an app's stored schema that is not valid JSON Schema) is an error of this call, not a crash."""
         if not isinstance(args, dict):
             raise ApiError(422, f"Arguments of {self.app}.{self.name} must be a JSON object.")
-        props = self.parameters.get("properties", {})
-        unknown = sorted(set(args) - set(props))
+        try:
+            validator = self._validator
+            props = self.parameters.get("properties", {})
+            unknown = sorted(set(args) - set(props))
+            error = None if unknown else jsonschema.exceptions.best_match(validator.iter_errors(args))
+            filled = {k: v["default"] for k, v in props.items() if isinstance(v, dict) and "default" in v}
+        except (jsonschema.exceptions.SchemaError, referencing.exceptions.Unresolvable, re.error) as exc:
+            problem = schema_problem(exc) if isinstance(exc, jsonschema.exceptions.SchemaError) else clip(str(exc), 80)
+            raise ApiError(
+                500,
+                f"{self.app}.{self.name} cannot be called: the app's schema of its arguments is not valid "
+                f"JSON Schema ({problem}). The app's owner has to fix its document; use another API meanwhile.",
+            ) from None
         if unknown:
             raise ApiError(
                 422,
                 f"Unknown argument(s) {', '.join(unknown)} for {self.app}.{self.name}; "
                 f"it takes: {', '.join(props) or 'no arguments'}.",
             )
-        error = jsonschema.exceptions.best_match(self._validator.iter_errors(args))
         if error is not None:
             where = ".".join(str(p) for p in error.absolute_path) or "arguments"
             raise ApiError(422, f"Invalid {where} for {self.app}.{self.name}: {error.message}")
-        filled = {k: v["default"] for k, v in props.items() if "default" in v}
         filled.update(args)
         return filled
 
@@ -184,6 +197,8 @@ class AppSpec:
     login: bool = True  # gets a standard `login` API and per-call access tokens
     volatile_fields: frozenset[str] = frozenset()  # fields whose changes are never collateral damage
     apis: dict[str, Api] = field(default_factory=dict)
+    # the app's own worked example for the neutral prompt (an external app's agentloop_example); may raise
+    worked_example: Callable[[], WorkedExample] | None = None
 
     def api(
         self,

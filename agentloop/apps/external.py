@@ -8,9 +8,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from agentloop.apps.base import Api, AppSpec, CallContext
-from agentloop.apps.openapi import HIDDEN_OPS, Operation, parse_document
+from agentloop.apps.openapi import EXAMPLE_OP, HIDDEN_OPS, Operation, parse_document
 from agentloop.apps.remote_env import RemoteEnvironment
 from agentloop.apps.remote_http import HttpLimits, Origin, RemoteClient, call_operation
+from agentloop.apps.world_prompt import WorkedExample, parse_worked_example
 
 SEPARATOR = ":"  # task refs of external apps are "<app>:<ref>"
 
@@ -62,7 +63,7 @@ class ExternalApp:
         return remote_app(self.name, self.description, self.operations, self.client)
 
     def environment(self) -> RemoteEnvironment | None:
-        return RemoteEnvironment.of(self.operations, self.client)
+        return RemoteEnvironment.of(self.operations, self.client, self.name)
 
 
 def split_task_ref(task_ref: str) -> tuple[str, str] | None:
@@ -74,18 +75,22 @@ def split_task_ref(task_ref: str) -> tuple[str, str] | None:
 
 
 def remote_app(name: str, description: str, operations: list[Operation], client: RemoteClient) -> AppSpec:
-    """An AppSpec whose handlers call the external app; the agentloop_* operations stay hidden."""
+    """An AppSpec whose handlers call the external app; the agentloop_* operations stay hidden, and
+    agentloop_example, when declared, is the app's worked example."""
     spec = AppSpec(name=name, description=description, login=False)
     for op in operations:
         spec.apis[op.operation_id] = Api(
             app=name,
             name=op.operation_id,
             description=op.description,
+            summary=op.summary,
             parameters=op.arguments_schema(),
             returns=op.returns,
             handler=_handler(client, op),
             hidden=op.operation_id in HIDDEN_OPS,
         )
+        if op.operation_id == EXAMPLE_OP:
+            spec.worked_example = _worked_example(name, client, op)
     return spec
 
 
@@ -94,3 +99,20 @@ def _handler(client: RemoteClient, op: Operation) -> Callable[..., Any]:
         return call_operation(client, op, args)
 
     return handle
+
+
+def _worked_example(name: str, client: RemoteClient, op: Operation) -> Callable[[], WorkedExample]:
+    def fetch() -> WorkedExample:  # raises ApiError (the call) or ValueError (the answer's shape)
+        return parse_worked_example(call_operation(client, op, {}), f"app {name!r}")
+
+    return fetch
+
+
+def free_instruction_refusal(name: str) -> str:
+    """Why a free instruction may not use an app that is an environment: without a task there is nothing
+    to reset, and the protocol gives a request without an episode no state to act on."""
+    return (
+        f"app {name!r} is an environment (it declares agentloop_reset and agentloop_evaluate): each episode on it "
+        f"starts from one of its tasks, reset for that episode. Name one as task_ref '{name}:<task>' instead of a "
+        "free instruction (agentloop_tasks lists them), or register the app without those operations"
+    )

@@ -6,25 +6,36 @@ to the agent.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, replace
 from typing import Any
 
+import jsonschema.exceptions
+import jsonschema.validators
+
+from agentloop.apps.api_doc import schema_outline
+from agentloop.apps.base import schema_problem
 from agentloop.apps.openapi_refs import (
     AppRegistrationError,
     DocumentLimitExceeded,
     DocumentLimits,
     RefResolver,
-    json_preview,
 )
 
 TASKS_OP, RESET_OP, EVALUATE_OP = "agentloop_tasks", "agentloop_reset", "agentloop_evaluate"
-HIDDEN_OPS = frozenset({TASKS_OP, RESET_OP, EVALUATE_OP})
+EXAMPLE_OP = "agentloop_example"  # the app's worked example for the agent's prompt (see world_prompt.py)
+RELEASE_OP = "agentloop_release"  # optional: the episode is over, the app may free its state
+HIDDEN_OPS = frozenset({TASKS_OP, RESET_OP, EVALUATE_OP, EXAMPLE_OP, RELEASE_OP})
 EPISODE_HEADER = "Agentloop-Episode"
 _EPISODE = EPISODE_HEADER.lower()
 METHODS = ("get", "post", "put", "patch", "delete")
 NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,63}$")
-RETURNS_SCHEMA_CHARS = 400  # of the response schema, in an API's `returns`
+RETURNS_SCHEMA_SIZE = 120  # of the response schema's outline in an API's `returns`, in api_doc.text_size's tokens
+
+
+DRAFT_4 = "http://json-schema.org/draft-04/schema#"
+DRAFT_2020_12 = "https://json-schema.org/draft/2020-12/schema"
 
 
 @dataclass(frozen=True)
@@ -32,11 +43,13 @@ class Operation:
     operation_id: str
     method: str
     path: str
-    description: str
+    summary: str  # the operation's `summary` ("" when it has none)
+    description: str  # its `description`, else its summary, else its operationId
     parameters: tuple[dict[str, Any], ...]  # {"name", "in": path|query|header, "required", "schema"}
     body_schema: dict[str, Any] | None
     body_required: bool
     returns: str
+    schema_dialect: str  # the JSON Schema draft its schemas are written in (`$schema` of its arguments)
 
     def to_json(self) -> dict[str, Any]:
         """The stored form (the app's row keeps it, so requests never parse the document again)."""
@@ -44,11 +57,13 @@ class Operation:
             "operation_id": self.operation_id,
             "method": self.method,
             "path": self.path,
+            "summary": self.summary,
             "description": self.description,
             "parameters": list(self.parameters),
             "body_schema": self.body_schema,
             "body_required": self.body_required,
             "returns": self.returns,
+            "schema_dialect": self.schema_dialect,
         }
 
     @classmethod
@@ -64,13 +79,15 @@ class Operation:
     @property
     def flat_body(self) -> bool:
         """An object body's properties become arguments of their own; any other body is `body`."""
-        return bool(self.body_schema and self.body_schema.get("type") == "object" and "properties" in self.body_schema)
+        body = self.body_schema
+        return bool(body and body.get("type") == "object" and isinstance(body.get("properties"), dict))
 
     def arguments_schema(self) -> dict[str, Any]:
         props: dict[str, Any] = {}
         required: list[str] = []
         for p in self.parameters:
-            props[p["name"]] = {**p["schema"], "description": p.get("description", "")}
+            own = p["schema"]  # not an object only in a document that fails check_argument_schemas
+            props[p["name"]] = {**own, "description": p.get("description", "")} if isinstance(own, dict) else own
             if p["required"]:
                 required.append(p["name"])
         if self.body_schema is not None:
@@ -87,10 +104,63 @@ class Operation:
                 props["body"] = self.body_schema
                 if self.body_required:
                     required.append("body")
-        schema: dict[str, Any] = {"type": "object", "properties": props, "additionalProperties": False}
+        schema: dict[str, Any] = {
+            "$schema": self.schema_dialect,
+            "type": "object",
+            "properties": props,
+            "additionalProperties": False,
+        }
         if required:
             schema["required"] = required
         return schema
+
+
+DIALECT_NAMES = {DRAFT_4: "draft 4, as OpenAPI 3.0 uses it", DRAFT_2020_12: "draft 2020-12"}
+
+
+@functools.cache
+def _metaschema_validator(dialect: str) -> Any:
+    cls = jsonschema.validators.validator_for({"$schema": dialect})
+    return cls(cls.META_SCHEMA, format_checker=cls.FORMAT_CHECKER)  # as check_schema builds it
+
+
+def _schema_error(schema: Any, dialect: str) -> str | None:
+    """How `schema` breaks `dialect`'s metaschema (None: it is valid)."""
+    error = jsonschema.exceptions.best_match(_metaschema_validator(dialect).iter_errors(schema))
+    return None if error is None else schema_problem(jsonschema.exceptions.SchemaError.create_from(error))
+
+
+def check_argument_schemas(operations: list[Operation]) -> None:
+    """At registration: every argument schema (each parameter's, the request body's) is valid JSON Schema
+    of its draft, as jsonschema's check_schema checks it; raises AppRegistrationError naming the operation,
+    the part and the problem. A part shared by several operations is checked once."""
+    checked: dict[int, Any] = {}  # id -> the part, kept alive so that no id is reused
+    for op in operations:
+        parts = [(f"parameter {p['name']!r}", p["schema"]) for p in op.parameters]
+        if op.body_schema is not None:
+            parts.append(("the request body", op.body_schema))
+        for what, schema in parts:
+            if id(schema) in checked:
+                continue
+            error = _schema_error(schema, op.schema_dialect)
+            if error is not None:
+                draft = DIALECT_NAMES.get(op.schema_dialect, op.schema_dialect)
+                raise AppRegistrationError(
+                    f"operation {op.operation_id}: the schema of {what} is not valid JSON Schema ({draft}): {error}"
+                )
+            checked[id(schema)] = schema
+
+
+def schema_dialect(doc: dict[str, Any]) -> str:
+    """The JSON Schema draft a document's schemas are written in: OpenAPI 3.0's schema object is draft 4's
+    (`exclusiveMinimum: true` and the like); 3.1's is 2020-12, or the `jsonSchemaDialect` it names when that
+    is a draft jsonschema knows."""
+    if str(doc.get("openapi", "")).startswith("3.0"):
+        return DRAFT_4
+    named = doc.get("jsonSchemaDialect")
+    if isinstance(named, str) and jsonschema.validators.validator_for({"$schema": named}, default=None) is not None:
+        return named
+    return DRAFT_2020_12
 
 
 def _returns(op: dict[str, Any], resolver: RefResolver, where: str) -> str:
@@ -105,9 +175,9 @@ def _returns(op: dict[str, Any], resolver: RefResolver, where: str) -> str:
             schema = media.get("schema") if isinstance(media, dict) else None
             text = str(resp.get("description", ""))
             if schema:
-                # only a preview is shown, so a large response schema is never written out whole
-                preview = json_preview(resolver.schema(schema, where), RETURNS_SCHEMA_CHARS)
-                text += (" " if text else "") + preview
+                # an outline that stops at its limit, so a large response schema is never written out whole
+                outline = schema_outline(resolver.schema(schema, where), RETURNS_SCHEMA_SIZE)
+                text += (" " if text else "") + outline
             return text
     return ""
 
@@ -139,6 +209,7 @@ def parse_document(
             "operations",
         )
     resolver = RefResolver(doc, limits)
+    dialect = schema_dialect(doc)
     ops: list[Operation] = []
     seen: set[str] = set()
     app_bytes = 0
@@ -201,11 +272,13 @@ def parse_document(
                     operation_id=op_id,
                     method=method,
                     path=path,
-                    description=str(op.get("summary") or op.get("description") or op_id),
+                    summary=str(op.get("summary") or ""),
+                    description=str(op.get("description") or op.get("summary") or op_id),
                     parameters=tuple(params),
                     body_schema=body_schema,
                     body_required=body_required,
                     returns=_returns(op, resolver, where),
+                    schema_dialect=dialect,
                 )
             )
     for parsed in ops:

@@ -13,6 +13,9 @@ from agentloop.apps.world import World
 
 
 class WorldProvider(Protocol):
+    """A world by name. The worlds it builds may carry `prompt` (`World(..., prompt=...)`): its persona,
+    conventions and worked example for the agent's prompt; without it they get the neutral prompt."""
+
     name: str
 
     @property

@@ -4,7 +4,8 @@ Calls go only to the registered origin; every resolved address is checked (no lo
 link-local, multicast or reserved address unless an admin allowed it) and the connection is made to
 the checked address itself, so a DNS answer cannot change between the check and the request.
 Redirects are not followed; timeouts and a response-size cap apply. Any failure becomes an
-`ApiError`, which the episode turns into an observation.
+`ApiError`, which the episode turns into an observation; an outage (the app unreachable, too slow, or
+answering 5xx) is an `AppUnreachable`, so that reset and evaluation can retry it.
 """
 
 from __future__ import annotations
@@ -21,6 +22,11 @@ import httpx
 from agentloop.apps.base import ApiError
 from agentloop.apps.openapi import EPISODE_HEADER, Operation
 from agentloop.apps.openapi_refs import AppRegistrationError
+
+
+class AppUnreachable(ApiError):
+    """The app could not be reached, did not answer in time, or answered with a server error (5xx): an
+    outage, which may be over soon. An agent's call sees it as any other error observation."""
 
 
 def address_allowed(ip: str, allow_private: bool) -> bool:
@@ -139,13 +145,20 @@ class RemoteClient:
                         raise ApiError(502, f"the app's response is larger than {self.limits.max_bytes} bytes")
                 status, content_type = resp.status_code, resp.headers.get("content-type", "")
         except httpx.TimeoutException:
-            raise ApiError(504, f"the app did not answer within {self.limits.read_s:g} s") from None
+            raise AppUnreachable(504, f"the app did not answer within {self.limits.read_s:g} s") from None
         except httpx.HTTPError as exc:
-            raise ApiError(502, f"could not reach the app: {type(exc).__name__}") from None
-        value = _decode(bytes(data), content_type)
+            where = f"{self.origin.host}:{self.origin.port}"
+            raise AppUnreachable(502, f"could not reach the app at {where} ({type(exc).__name__}: {exc})") from None
+        try:
+            value = _decode(bytes(data), content_type)
+        except ApiError:
+            if status < 500:
+                raise
+            value = ""  # a server error with an unreadable body is still an outage
         if status >= 400:
             message = value.get("detail") or value.get("message") or value if isinstance(value, dict) else value
-            raise ApiError(status, f"the app answered {status}: {str(message)[:500]}")
+            error = AppUnreachable if status >= 500 else ApiError
+            raise error(status, f"the app answered {status}: {str(message)[:500]}")
         return value
 
 

@@ -7,9 +7,12 @@ import pickle
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentloop.apps.base import Api, ApiError, AppSpec, CallContext, string
+
+if TYPE_CHECKING:
+    from agentloop.apps.world_prompt import PromptSource
 
 WorldState = dict[str, dict[str, dict[str, dict[str, Any]]]]  # app -> table -> id -> record
 
@@ -27,7 +30,8 @@ class CallRecord:
 
 @dataclass
 class World:
-    """State of all apps of one episode. `available` are the apps the task may use."""
+    """State of all apps of one episode. `available` are the apps the task may use; `prompt` is what the
+    world's provider says in the agent's prompt (None: the neutral prompt, see `world_prompt.py`)."""
 
     name: str
     seed: int
@@ -39,6 +43,8 @@ class World:
     completed: bool = False
     calls: list[CallRecord] = field(default_factory=list)
     _token_counter: int = 0
+    prompt: PromptSource | None = None
+    attached: list[str] = field(default_factory=list)  # apps attached after the provider built the world
 
     def attach(self, spec: AppSpec) -> None:
         """Make one more app (an external one) available in this world; it keeps no state here."""
@@ -46,6 +52,7 @@ class World:
             raise ValueError(f"an app named {spec.name!r} already exists in this world")
         self.apps = {**self.apps, spec.name: spec}
         self.available = [*self.available, spec.name]
+        self.attached = [*self.attached, spec.name]
 
     # --- calls -----------------------------------------------------------------------------
     def api_of(self, app: str, api: str) -> Api:
@@ -99,9 +106,16 @@ class World:
 
     @classmethod
     def from_snapshot(
-        cls, name: str, seed: int, now: datetime, apps: Mapping[str, AppSpec], available: list[str], snap: bytes
+        cls,
+        name: str,
+        seed: int,
+        now: datetime,
+        apps: Mapping[str, AppSpec],
+        available: list[str],
+        snap: bytes,
+        prompt: PromptSource | None = None,
     ) -> World:
-        world = cls(name=name, seed=seed, now=now, apps=apps, state={}, available=available)
+        world = cls(name=name, seed=seed, now=now, apps=apps, state={}, available=available, prompt=prompt)
         world.restore(snap)
         return world
 

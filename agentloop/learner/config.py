@@ -17,8 +17,16 @@ class LoopConfig:
     iterations: int = field(default=1, metadata={"help": "training iterations to run"})
     tasks_per_iteration: int = field(default=40, metadata={"help": "N: tasks sampled per iteration"})
     rollouts_per_task: int = field(default=6, metadata={"help": "K: rollouts per task, same initial state"})
-    splits: tuple[str, ...] = field(default=("train",), metadata={"help": "built-in splits to sample tasks from"})
-    world: str = field(default="builtin", metadata={"help": "world whose tasks are sampled"})
+    splits: tuple[str, ...] = field(
+        default=("train",), metadata={"help": "splits (of the world or the app) to sample tasks from"}
+    )
+    world: str = field(
+        default="builtin", metadata={"help": "world whose tasks are sampled (with `app`: the world it runs in)"}
+    )
+    app: str | None = field(
+        default=None,
+        metadata={"help": "a registered resettable app whose tasks (of `splits`) are sampled instead of the world's"},
+    )
     replay_logged: bool = field(default=True, metadata={"help": "also train on episodes clients ran"})
     logged_per_iteration: int = field(default=40, metadata={"help": "most logged episodes used per iteration"})
     feedback_baseline_min: int = field(
@@ -106,6 +114,8 @@ class LoopConfig:
             problems.append("lr and clip_eps must be > 0")
         if self.temperature != 1.0 and self.recompute_old_logprobs == "never":
             problems.append("rollouts sampled at temperature != 1 need recompute_old_logprobs='auto' or 'always'")
+        if self.app is not None and (not isinstance(self.app, str) or not self.app):
+            problems.append("app must be the name of a registered app")
         if problems:
             raise ValueError("invalid training config: " + "; ".join(problems))
 

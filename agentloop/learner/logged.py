@@ -2,10 +2,11 @@
 
 Two kinds, because LOOP's baseline needs several samples of the same task from the same start:
 
-* **Replayable** (the task names a task of the trained world, `task_ref`): the learner runs K fresh
-  rollouts of the task as for any train task, and the client's episode joins that group as one more
-  sample. Its reward is the client's latest feedback if there is any, *overriding* the evaluator
-  (the client knows what it wanted; the evaluator only checks the state), else the evaluator's.
+* **Replayable** (the task names a task of the trained world, `task_ref`, or of the trained app,
+  "<app>:<ref>", sent by the app's tenant): the learner runs K fresh rollouts of the task as for any
+  train task, and the client's episode joins that group as one more sample. Its reward is the
+  client's latest feedback if there is any, *overriding* the evaluator (the client knows what it
+  wanted; the evaluator only checks the state), else the evaluator's.
 * **Not replayable** (a free instruction: no initial state to go back to): the episode can only be a
   single sample. It is used when the client gave feedback, with the leave-one-out idea applied
   across episodes instead of rollouts: its advantage is its feedback minus the mean feedback of
@@ -38,21 +39,30 @@ class Logged:
 
 def logged_episodes(
     session: Session,
-    world: str,
+    world: str | None,
     known_refs: set[str],
     since: datetime | None,
     limit: int,
     exclude: set[str] = frozenset(),  # type: ignore[assignment]
+    tenant_id: str | None = None,
 ) -> list[Logged]:
     """The most recent finished served episodes of `world` (newest first) with a usable reward: those
-    of tasks in `known_refs` (the trained splits) and free instructions."""
+    of tasks in `known_refs` (the trained splits) and free instructions. `world` None (an app's run):
+    episodes of the app's tasks ("<app>:<ref>" in `known_refs`) in whatever world they were served, and no
+    free instructions; `tenant_id`: only that tenant's (an app's task refs are its tenant's)."""
     query = (
         sa.select(Episode, Task)
         .join(Task, Task.id == Episode.task_id)
-        .where(Episode.kind == "served", Episode.status == "finished", Episode.world == world, Episode.num_steps > 0)
+        .where(Episode.kind == "served", Episode.status == "finished", Episode.num_steps > 0)
         .order_by(Episode.created_at.desc())
         .limit(limit + len(exclude))
     )
+    if world is not None:
+        query = query.where(Episode.world == world)
+    else:
+        query = query.where(Episode.task_ref.in_(sorted(known_refs)))
+    if tenant_id is not None:
+        query = query.where(Task.tenant_id == tenant_id)
     if since is not None:
         query = query.where(Episode.created_at >= since)
     rows = [

@@ -108,7 +108,8 @@ def run_local(
 
     def collect(result: EpisodeResult) -> None:
         episode_id = store(result) if store is not None else None
-        by_task[result.task.task_ref].append(from_result(result, episode_id))
+        if result.verdict is not None:  # one the app could not evaluate is stored as an error, never trained on
+            by_task[result.task.task_ref].append(from_result(result, episode_id))
         if on_result is not None:
             on_result(result)
 
@@ -197,6 +198,7 @@ def store_rollout(
         policy=policy,
         adapter=adapter,
         verdict=result.verdict,
+        error=result.error,
         training_run_id=run_id,
         iteration=iteration,
     )
@@ -214,14 +216,19 @@ def run_rollout_job(
     adapter_path: str,
     limits: dict[str, Any],
     world: str,
+    app: str | None = None,
+    tenant_id: str | None = None,
 ) -> int:
-    """A `rollouts` worker's job: K rollouts of one task with the learner's current weights, stored."""
-    from agentloop.agent.eval_runs import world_tasks
-    from agentloop.apps.registry import get_world
+    """A `rollouts` worker's job: K rollouts of one task (of `world`, or of the registered `app` of
+    `tenant_id`, each rollout reset in the app) with the learner's current weights, stored."""
+    from agentloop.learner.task_source import APP_WORLD, rollout_task
+    from agentloop.settings import get_settings
     from agentloop.store.db import session_scope
 
-    provider = get_world(world)
-    (task,) = [t for t in world_tasks(provider, None) if t.task_ref == task_ref]
+    with session_scope() as s:
+        task = rollout_task(s, world, app, tenant_id, task_ref, get_settings().secret_key)
+    if app is not None:
+        world = APP_WORLD.format(app)  # as the learner's own rollouts of the app record it
     if adapter not in policy.loaded_adapters():
         policy.load_adapter(adapter, adapter_path)
     try:

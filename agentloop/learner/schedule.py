@@ -11,6 +11,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from agentloop.learner.config import LoopConfig
+from agentloop.learner.task_source import TaskSourceError, TaskSourceUnavailable, load_source
 from agentloop.settings import Settings
 from agentloop.store.db import session_scope
 from agentloop.store.models import Episode, Reward, TrainingRun, TrainingRunStatus, utcnow
@@ -61,10 +62,16 @@ def maybe_start_training(settings: Settings, now: datetime | None = None) -> str
         reason = due(s, settings, now or utcnow())
         if reason is None:
             return None
+        try:  # an app named by AGENTLOOP_TRAIN_CONFIG is the one tenant's that registered one of that name
+            source = load_source(s, config, None, settings.secret_key)
+        except (TaskSourceError, TaskSourceUnavailable) as exc:
+            log.error("training is due (%s) but AGENTLOOP_TRAIN_CONFIG cannot train: %s", reason, exc)
+            return None
         run = TrainingRun(
             algo=config.algo,
             status=TrainingRunStatus.QUEUED,
             trigger=f"schedule:{reason}",
+            tenant_id=source.tenant_id,  # a run on an app is its tenant's
             config=config.to_dict(),
             progress={"phase": "queued"},
         )

@@ -40,13 +40,12 @@ import torch
 
 from agentloop import events, faults
 from agentloop.agent.episode import Limits
-from agentloop.agent.eval_runs import world_tasks
 from agentloop.agent.evaluate import EvalTask, run_eval, summarize
-from agentloop.apps.registry import get_world
 from agentloop.learner import adapters, rollouts
 from agentloop.learner.config import LoopConfig
 from agentloop.learner.logged import Logged, feedback_advantages, logged_episodes
 from agentloop.learner.loop import group_normalised_advantages, keep_mask, leave_one_out_advantages, std_normalise
+from agentloop.learner.task_source import load_source
 from agentloop.learner.update import LogprobModel, compute_logprobs, sampler_gap, update
 from agentloop.policy.local import LocalPolicy
 from agentloop.settings import Settings
@@ -228,12 +227,21 @@ class Trainer:
         self.accelerator = self.accelerator or Accelerator(cpu=not torch.cuda.is_available())
         start = 0
         init_from: str | None = None
+        measure_bar = False  # the active version's dev TGC was measured on other tasks than this run's dev
         with session_scope() as s:
+            tenant_id = s.scalar(sa.select(TrainingRun.tenant_id).where(TrainingRun.id == self.run_id))
+            self.source = load_source(s, self.config, tenant_id, self.settings.secret_key)
             active = adapter_store.active_adapter(s, self.settings.model_name)
             if active is not None:
                 adapters.verify(active)
                 self.parent, init_from = active.name, active.path
-                self.baseline_dev_tgc = (active.metrics or {}).get("dev_tgc")
+                recorded = active.metrics or {}
+                # versions gated before dev sets were recorded were gated on a world's dev split
+                legacy = self.source.dev_set if self.source.app is None else None
+                if recorded.get("dev_set", legacy) == self.source.dev_set:
+                    self.baseline_dev_tgc = recorded.get("dev_tgc")
+                else:
+                    measure_bar = self.config.promote
         if self.checkpoint.exists:
             state = self.checkpoint.state()
             start = int(state["next_iteration"])
@@ -242,6 +250,7 @@ class Trainer:
             self.logged_used = set(state.get("logged_used", []))
             self.baseline_dev_tgc = state.get("baseline_dev_tgc", self.baseline_dev_tgc)
             init_from = str(self.checkpoint.path / "adapter")
+            measure_bar = False  # the bar was measured (or taken) when the run started
             log.info("run %s resumes at iteration %d from %s", self.run_id, start, self.checkpoint.path)
         if self.model is None:
             model_dir = resolve_model_dir(self.settings.model, self.settings.models_dir)
@@ -249,6 +258,8 @@ class Trainer:
             self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
             torch.manual_seed(self.config.seed)
             self.model = lora_model(base, self.config, init_from)
+        else:
+            measure_bar = False  # weights the caller gave are not the active version's: the bar is the base model
         self.model.to(self.accelerator.device)
         self.module = LogprobModel(self.model, self.config.logprob_chunk)
         trainable = [p for p in self.model.parameters() if p.requires_grad]
@@ -265,8 +276,9 @@ class Trainer:
             max_batch_size=self.settings.max_batch_size,
             seed=self.config.seed,
         )
-        self.world = get_world(self.config.world)
-        self.train_tasks = [t for split in self.config.splits for t in world_tasks(self.world, split)]
+        self.train_tasks = self.source.train
+        if measure_bar and self.accelerator.is_main_process:  # the active version, before any update
+            self.baseline_dev_tgc = self.dev_tgc()
         return start
 
     def limits(self, dev: bool = False) -> Limits:
@@ -310,16 +322,17 @@ class Trainer:
             )
             return logged_episodes(
                 s,
-                self.world.name,
+                None if self.source.app else self.source.world,  # an app's tasks are served in any world
                 {t.task_ref for t in self.train_tasks},
                 since,
                 self.config.logged_per_iteration,
                 exclude=self.logged_used,
+                tenant_id=self.source.tenant_id,
             )
 
     def dev_summary(self, iteration: int | None = None) -> dict[str, Any]:
-        tasks = world_tasks(self.world, self.config.dev_split, self.config.dev_limit)
-        self.report({"phase": "evaluating", "dev_tasks": len(tasks)})
+        tasks = self.source.dev
+        self.report({"phase": "evaluating", "dev_tasks": len(tasks), "dev_set": self.source.dev_set})
         self.model.eval()
         self.policy.clear_cache()
         where = f"in iteration {iteration}, during the dev evaluation" if iteration is not None else "evaluating"
@@ -377,7 +390,7 @@ class Trainer:
                 return rollouts.store_rollout(
                     s,
                     result,
-                    world=self.world.name,
+                    world=self.source.world,
                     policy=self.policy.name,
                     adapter=None,
                     run_id=self.run_id,
@@ -411,7 +424,18 @@ class Trainer:
         limits = self.limits().__dict__
         refs = [t.task_ref for t in tasks]
         for ref in refs:
-            publish_rollouts(self.run_id, iteration, ref, c.rollouts_per_task, name, str(path), limits, c.world)
+            publish_rollouts(
+                self.run_id,
+                iteration,
+                ref,
+                c.rollouts_per_task,
+                name,
+                str(path),
+                limits,
+                c.world,
+                app=self.source.app,
+                tenant_id=self.source.tenant_id,
+            )
 
         def load() -> dict[str, list[rollouts.Rollout]]:
             with session_scope() as s:
@@ -573,7 +597,12 @@ class Trainer:
                 promoted = adapters.promote_or_reject(
                     s, candidate, dev, self.baseline_dev_tgc, self.config.promotion_tolerance
                 )
-                candidate.metrics = {**candidate.metrics, "dev_sgc": summary["sgc"], "behaviour": summary["behaviour"]}
+                candidate.metrics = {
+                    **candidate.metrics,
+                    "dev_sgc": summary["sgc"],
+                    "dev_set": self.source.dev_set,  # a later run gated on other tasks measures its own bar
+                    "behaviour": summary["behaviour"],
+                }
         if stop is not None:  # the candidate stays a candidate: saved whole, never gated
             self.cancellation.request(*stop)
             self.safe_point(f"in iteration {i}, before promoting {name}", collective=False)
@@ -586,6 +615,7 @@ class Trainer:
             "dev/tgc": dev,
             "dev/sgc": summary["sgc"],
             "dev/baseline_tgc": bar,
+            "dev/set": self.source.dev_set,
             **{f"behaviour/{k}": v for k, v in summary["behaviour"].items()},
             "adapter": name,
             "adapter/promoted": float(promoted),

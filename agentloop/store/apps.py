@@ -13,7 +13,9 @@ from agentloop.apps.openapi import Operation, parse_document
 from agentloop.store.models import App
 from agentloop.store.secrets import decrypt
 
-OPERATIONS_FORMAT = 1  # of App.operations; a row in another format is resolved again from its document
+# of App.operations; a row in another format is resolved again from its document
+# (2: operations keep their summary apart from their description, and their schemas' JSON Schema draft)
+OPERATIONS_FORMAT = 2
 
 
 def get_app(session: Session, tenant_id: str, name: str) -> App | None:

@@ -49,11 +49,13 @@ def add_finished_episode(
     policy: str,
     adapter: str | None,
     verdict: Any | None = None,
+    error: str | None = None,
     eval_run_id: str | None = None,
     training_run_id: str | None = None,
     iteration: int | None = None,
 ) -> Episode:
-    """Store an episode that ran to its end elsewhere (eval, rollouts): its steps and its evaluator reward."""
+    """Store an episode that ran to its end elsewhere (eval, rollouts): its steps and its evaluator reward,
+    or, with `error` (it could not be evaluated), as failed with no reward."""
     row = Episode(
         kind=kind,
         world=world,
@@ -62,8 +64,9 @@ def add_finished_episode(
         instruction=instruction,
         policy=policy,
         adapter=adapter,
-        status="finished",
+        status="failed" if error else "finished",
         finish_reason=episode.finish_reason,
+        error=error,
         prompt_token_ids=episode.prompt_token_ids,
         answer=episode.world.answer,
         finished_at=utcnow(),

@@ -70,10 +70,13 @@ def publish_rollouts(
     adapter_path: str,
     limits: dict[str, Any],
     world: str,
+    app: str | None = None,
+    tenant_id: str | None = None,
 ) -> None:
-    from agentloop.worker.celery_app import app
+    """One `rollouts` job: K rollouts of a task of `world`, or of the registered `app` of `tenant_id`."""
+    from agentloop.worker.celery_app import app as celery_app
 
-    app.send_task(
+    celery_app.send_task(
         "agentloop.rollout",
         kwargs={
             "run_id": run_id,
@@ -84,6 +87,8 @@ def publish_rollouts(
             "adapter_path": adapter_path,
             "limits": limits,
             "world": world,
+            "app": app,
+            "tenant_id": tenant_id,
         },
         queue="rollouts",
     )

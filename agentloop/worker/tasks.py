@@ -37,6 +37,8 @@ def run_episode(self: CeleryTask, task_id: str) -> str:
     PINS.follow(policy, settings)  # from now on this process loads announced versions as they come
     outcome = run_served_task(task_id, owner, policy, settings)
     log.info("task %s: %s", task_id, outcome)
+    if outcome == "retrying":  # the app's outage cost this attempt; the task is queued for the next one
+        raise self.retry(countdown=settings.app_retry_after_s)
     return outcome
 
 

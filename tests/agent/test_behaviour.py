@@ -1,8 +1,14 @@
-"""Behaviour metrics on hand-made turns with known answers."""
+"""Behaviour metrics on hand-made turns with known answers, and on a real episode's turns."""
 
 from types import SimpleNamespace
 
+from agentloop.agent.actions import render_action
 from agentloop.agent.behaviour import behaviour
+from agentloop.agent.episode import Episode, Limits, run_episodes
+from agentloop.agent.prompt import ChatFormat
+from agentloop.apps.builtin import BUILTIN
+from agentloop.apps.tasks import ToolCall
+from agentloop.policy.scripted import ScriptedPolicy
 
 
 def turn(app=None, api=None, error=None, text="", n_actions=1):
@@ -12,7 +18,7 @@ def turn(app=None, api=None, error=None, text="", n_actions=1):
 
 def test_each_metric():
     ep1 = [
-        turn("api_docs", "show_api_descriptions", text="Let me read the docs."),
+        turn("api_docs", "list_apis", text="Let me read the docs."),
         turn("wallet", "login", error="unauthorized", text="I'll assume the password is 1234."),
         turn("supervisor", "complete_task"),  # gave up right after the failure
     ]
@@ -49,3 +55,26 @@ def test_no_episodes():
         "multi_action_turn_rate": 0.0,
         "confabulation_turn_rate": 0.0,
     }
+
+
+def test_doc_lookups_count_only_calls_that_read_docs(tokenizer):
+    """A call to an api_docs API, an app or an API that does not exist reads no docs, so is no lookup."""
+    world = BUILTIN.new_world(0, ["notes"])
+    ep = Episode(world, ChatFormat(tokenizer), "Read the docs.", Limits(max_turns=10), key="k")
+    calls = [
+        ToolCall("api_docs", "list_apis", {"app_name": "notes"}),
+        ToolCall("api_docs", "show_api_doc", {"app_name": "notes", "api_name": "search_notes"}),
+        ToolCall("api_docs", "show_api_descriptions", {"app_name": "notes"}),  # no such api_docs API
+        ToolCall("api_docs", "show_api_doc", {"app_name": "notes", "api_name": "fly"}),  # no such API
+        ToolCall("api_docs", "list_apis", {"app_name": "bank"}),  # no such app
+        ToolCall("api_docs", "list_apis", {"page_limit": 5}),  # no app named
+        ToolCall("supervisor", "complete_task", {}),
+    ]
+    policy = ScriptedPolicy(tokenizer)
+    policy.plan("k", [render_action(c) for c in calls])
+    run_episodes(policy, [ep])
+    kinds = [t.error_kind for t in ep.turns]
+    assert kinds == [None, None, "unknown_api", "unknown_api", "unknown_app", "bad_arguments", None]
+    metrics = behaviour([ep.turns])
+    assert metrics["api_docs_calls_per_episode"] == 2.0
+    assert metrics["failed_calls_per_episode"] == 4.0

@@ -2,8 +2,9 @@ import pytest
 
 from agentloop.agent.actions import render_action
 from agentloop.agent.episode import Episode, Limits, run_episodes
-from agentloop.agent.prompt import EXAMPLE, ChatFormat
+from agentloop.agent.prompt import ChatFormat
 from agentloop.apps.builtin import BUILTIN
+from agentloop.apps.builtin.prompt import EXAMPLE
 from agentloop.apps.tasks import ToolCall
 from agentloop.policy.scripted import ScriptedPolicy, plan_oracle
 
@@ -45,7 +46,7 @@ def test_context_is_exactly_prompt_plus_outputs_plus_observations(fmt, tokenizer
     assert rebuilt == ep.context
     # and it reads as a chat: each observation is a user turn followed by the assistant header
     text = tokenizer.decode(ep.context)
-    assert text.count("<|im_start|>assistant\n") == len(EXAMPLE) + len(ep.turns) + 1  # one-shot example first
+    assert text.count("<|im_start|>assistant\n") == len(EXAMPLE.steps) + len(ep.turns) + 1  # one-shot example first
 
 
 def test_bad_turns_get_plain_observations_and_the_episode_goes_on(fmt, tokenizer):
@@ -111,6 +112,26 @@ def test_long_observations_are_truncated_with_a_note(fmt, tokenizer):
     obs = ep.turns[0].observation
     assert "[Output truncated: showed 30 of" in obs
     assert len(tokenizer.encode(obs.split("\n[Output truncated")[0], add_special_tokens=False)) <= 31
+
+
+def test_the_truncation_note_names_only_what_the_called_api_takes(fmt, tokenizer):
+    _, ep = episode(fmt, observation_max_tokens=20, max_turns=3)
+    policy = ScriptedPolicy(tokenizer)
+    calls = [
+        ToolCall("api_docs", "list_apis", {"app_name": "wallet"}),  # takes page_limit, page_index and query
+        ToolCall("api_docs", "show_api_doc", {"app_name": "wallet", "api_name": "send_money"}),  # none of them
+        ToolCall("wallet", "no_such_api", {}),
+    ]
+    policy.plan("k", [render_action(c) for c in calls])
+    run_episodes(policy, [ep])
+    listed, shown, unknown = (t.observation for t in ep.turns)
+    assert listed.endswith(
+        "tokens. Ask for less: a smaller page_limit or a narrower query (and page_index for the rest).]"
+    )
+    assert shown.endswith(
+        "tokens. api_docs.show_api_doc takes no parameter that asks for less; the rest is not shown.]"
+    )
+    assert unknown.endswith("tokens. The rest is not shown.]")
 
 
 def test_observation_cannot_fake_a_turn_boundary(fmt, tokenizer):

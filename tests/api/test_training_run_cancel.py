@@ -2,6 +2,7 @@
 
 from datetime import timedelta
 
+import pytest
 import sqlalchemy as sa
 
 from agentloop.api.auth import create_key
@@ -12,6 +13,12 @@ from agentloop.store.models import TrainingRun, utcnow
 from agentloop.worker.dispatch import sweep_training_runs
 from tests.api.test_admin_api import TRAIN, env
 from tests.factories import bearer
+from tests.learner.conftest import lights_world  # noqa: F401 (fixture, by name)
+
+
+@pytest.fixture(autouse=True)
+def _lights_registered(lights_world):  # noqa: F811 (TRAIN names the lights world, checked at request time)
+    yield
 
 
 def row(run_id):

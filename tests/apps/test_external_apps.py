@@ -262,11 +262,12 @@ def test_served_task_on_a_resettable_app(api, loopback, tokenizer):
         reward = s.scalars(sa.select(Reward).where(Reward.task_id == task["id"])).one()
         assert reward.details["passed"] == 3
 
-    # a free instruction may use the registered app next to built-in ones
+    # a free instruction cannot use an app that is an environment: its episodes start from its tasks
+    # (tests/apps/test_app_outages.py: one that is not an environment can be used)
     free = client.post(
         "/v1/tasks", json={"instruction": "List my items.", "apps": ["todolite", "notes"]}, headers=admin
     )
-    assert free.status_code == 202 and free.json()["apps"] == ["todolite", "notes"]
+    assert free.status_code == 422 and "'todolite:<task>'" in free.json()["error"]["message"]
 
 
 def test_eval_command_on_an_external_app(api, loopback, tmp_path, tiny_model_dir, configure_env):

@@ -34,6 +34,23 @@ def test_plugin_world_is_found_and_evaluated(installed_plugin, tokenizer):
     assert summarize(results)["tgc"] == 100.0
 
 
+def test_plugin_world_supplies_its_own_prompt(installed_plugin, tokenizer):
+    from agentloop.agent.episode import Episode
+    from agentloop.agent.prompt import ChatFormat
+
+    provider = registry.get_world("toy")
+    task = provider.tasks("dev")[0]
+    ep = Episode(provider.task_world(task.id), ChatFormat(tokenizer), task.instruction, Limits())
+    system, _, rest = tokenizer.decode(ep.prompt_token_ids).partition("<|im_end|>")
+    assert system.startswith("<|im_start|>system\nYou keep the counter of the toy world.")
+    assert "- The counter only goes up: add to it, never subtract." in system
+    assert '{"app": "counter", "api": "show", "args": {}}' in system  # its own first call
+    assert "- counter: A counter you can add to." in system and "- supervisor" not in system
+    assert "Task: Add 1 to the counter." in rest and "counter.add returned" in rest  # its worked example
+    for builtin in ("notes", "login", "page_index", "Toy User"):
+        assert builtin not in system + rest
+
+
 def test_unknown_world_is_a_clear_error():
     with pytest.raises(registry.UnknownWorld, match="unknown world 'nowhere'; known: builtin"):
         registry.get_world("nowhere")

@@ -10,8 +10,9 @@ from typing import Any
 from agentloop.apps.base import AppSpec, CallContext, integer
 from agentloop.apps.builtin.apps import api_docs, supervisor
 from agentloop.apps.evaluation import StateEvaluator, updated
-from agentloop.apps.tasks import OracleClient, TaskSpec
+from agentloop.apps.tasks import OracleClient, TaskSpec, ToolCall
 from agentloop.apps.world import World
+from agentloop.apps.world_prompt import ExampleStep, WorkedExample, WorldPrompt
 
 counter = AppSpec(name="counter", description="A counter you can add to.", login=False)
 
@@ -32,6 +33,24 @@ def show(ctx: CallContext) -> dict[str, Any]:
 
 APPS = {"api_docs": api_docs.app, "supervisor": supervisor.app, "counter": counter}
 PROFILE = {"first_name": "Toy", "last_name": "User", "email": "toy@example.com", "phone": "5550000000"}
+# what this world says in the agent's prompt (a world that supplies nothing gets the neutral prompt)
+PROMPT = WorldPrompt(
+    persona="You keep the counter of the toy world.",
+    conventions=("The counter only goes up: add to it, never subtract.",),
+    first_call=ToolCall("counter", "show", {}),
+    example=WorkedExample(
+        "Add 1 to the counter.",
+        (
+            ExampleStep(ToolCall("counter", "add", {"amount": 1}), {"value": 4}),
+            ExampleStep(ToolCall("supervisor", "complete_task", {}), "Task marked as complete."),
+        ),
+    ),
+    unlisted_apps=frozenset({"supervisor"}),
+)
+
+
+def toy_prompt(world: World) -> WorldPrompt:
+    return PROMPT
 
 
 class ToyWorld:
@@ -59,6 +78,7 @@ class ToyWorld:
             apps=APPS,
             state=state,
             available=["api_docs", "supervisor", *available],
+            prompt=toy_prompt,
         )
 
     def tasks(self, split: str | None = None) -> list[TaskSpec]:

@@ -146,6 +146,8 @@ def test_a_finished_run_streams_its_state_once_and_ends(api):
         ({"iterations": 5000}, "iterations"),
         ({"config": struct({"colour": "red"})}, "unknown training option(s): colour"),
         ({"config": struct({"rollouts_per_task": 1})}, "rollouts_per_task must be >= 2"),
+        ({"config": struct({"world": "nowhere"})}, "unknown world 'nowhere'"),  # refused before it is queued
+        ({"config": struct({"app": "nope"})}, "no registered app named 'nope' for this tenant"),
     ],
 )
 def test_bad_training_requests_are_invalid_argument(api, fields, needle):

@@ -63,10 +63,25 @@ def warm_start(tiny_model_dir, world, steps=WARM_START_STEPS):
     return model, tok
 
 
+def prompt_digest(tokenizer_dir) -> str:
+    """Of the opening a lights task's episode sees: a model warm-started on another prompt is built again."""
+    import hashlib
+
+    from transformers import AutoTokenizer
+
+    from agentloop.agent.episode import Episode, Limits
+    from agentloop.agent.prompt import ChatFormat
+
+    world = LightsWorld()
+    task = world.tasks("train")[0]
+    episode = Episode(world.task_world(task.id), ChatFormat(AutoTokenizer.from_pretrained(tokenizer_dir)), "", Limits())
+    return hashlib.sha256(str(episode.prompt_token_ids).encode()).hexdigest()[:8]
+
+
 @pytest.fixture(scope="session")
 def lights_model_dir(model_cache, tiny_model_dir):
-    """The warm-started tiny model saved as a model directory (built once, cached between runs)."""
-    path = model_cache / f"lights-warm-v3-{WARM_START_STEPS}"
+    """The warm-started tiny model saved as a model directory (built once per prompt, cached between runs)."""
+    path = model_cache / f"lights-warm-v3-{WARM_START_STEPS}-{prompt_digest(tiny_model_dir)}"
     if not (path / "config.json").exists():
         model, tok = warm_start(tiny_model_dir, LightsWorld())
         tmp = path.with_name(path.name + ".tmp")

@@ -13,6 +13,7 @@ from agentloop.api.schemas import AdapterPublic, TrainCreate, TrainingRunPublic
 from agentloop.learner import adapters
 from agentloop.proto_gen.agentloop.v1 import agent_pb2 as pb
 from agentloop.proto_gen.agentloop.v1 import agent_pb2_grpc
+from agentloop.settings import get_settings
 from agentloop.store.db import get_sessionmaker
 from agentloop.worker.dispatch import publish_training
 
@@ -21,7 +22,7 @@ from agentloop.worker.dispatch import publish_training
 
 def start_training(caller: Principal, body: TrainCreate) -> TrainingRunPublic:
     with get_sessionmaker()() as session:
-        run = service.start_training(session, caller, body)
+        run = service.start_training(session, caller, body, get_settings().secret_key)
         session.commit()
     publish_training(run.id)
     return service.training_run_public(run)

@@ -16,7 +16,7 @@ import grpc
 
 from agentloop.api import auth
 from agentloop.api.auth import Principal
-from agentloop.api.errors import DeadlineExceeded, ServiceError
+from agentloop.api.errors import DeadlineExceeded, ServiceError, Unavailable
 from agentloop.store.db import get_sessionmaker
 
 log = logging.getLogger(__name__)
@@ -66,7 +66,10 @@ async def admin(context: Context) -> Principal:
 
 
 async def _abort(context: Context, exc: ServiceError) -> NoReturn:
-    await context.abort(grpc.StatusCode[exc.grpc_status], exc.message, trailing_metadata=((ERROR_CODE, exc.code),))
+    metadata: tuple[tuple[str, str], ...] = ((ERROR_CODE, exc.code),)
+    if isinstance(exc, Unavailable) and exc.retry_after_s is not None:
+        metadata += (("retry-after", str(exc.retry_after_s)),)
+    await context.abort(grpc.StatusCode[exc.grpc_status], exc.message, trailing_metadata=metadata)
     raise AssertionError("unreachable: abort raises")
 
 

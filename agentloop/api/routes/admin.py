@@ -12,6 +12,7 @@ from agentloop.api import service
 from agentloop.api.deps import AdminPrincipal, SessionDep
 from agentloop.api.schemas import AdapterPublic, ErrorBody, TrainCreate, TrainingRunPublic
 from agentloop.learner import adapters
+from agentloop.settings import get_settings
 from agentloop.store.models import TrainingRunStatus
 from agentloop.worker.dispatch import publish_training
 
@@ -22,11 +23,14 @@ router = APIRouter(prefix="/v1/admin", tags=["admin"], responses={401: {"model":
     "/train",
     status_code=status.HTTP_202_ACCEPTED,
     response_model=TrainingRunPublic,
-    responses={422: {"model": ErrorBody}},
+    responses={422: {"model": ErrorBody}, 503: {"model": ErrorBody}},
 )
 def train(body: TrainCreate, session: SessionDep, principal: AdminPrincipal) -> TrainingRunPublic:
-    """Start a training run now; follow it at /v1/admin/training-runs/{id}."""
-    run = service.start_training(session, principal, body)
+    """Start a training run now; follow it at /v1/admin/training-runs/{id}. `config.world` names the world to
+    train on, or `config.app` one of this tenant's resettable registered apps; a run that could not train (an
+    unknown world or app, an app that cannot be reset, no train tasks) is 422 and nothing is queued; 503 when
+    the app could not be asked for its tasks."""
+    run = service.start_training(session, principal, body, get_settings().secret_key)
     session.commit()
     publish_training(run.id)
     return service.training_run_public(run)

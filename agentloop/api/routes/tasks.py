@@ -35,7 +35,15 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
-@router.post("", status_code=status.HTTP_202_ACCEPTED, response_model=TaskPublic, responses=ERRORS)
+@router.post(
+    "",
+    status_code=status.HTTP_202_ACCEPTED,
+    response_model=TaskPublic,
+    responses={
+        **ERRORS,
+        503: {"model": ErrorBody, "description": "The app whose task it names is down; see Retry-After."},
+    },
+)
 def create_task(
     body: TaskCreate,
     session: SessionDep,

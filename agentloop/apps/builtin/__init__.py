@@ -12,6 +12,7 @@ from agentloop.apps.base import AppSpec
 from agentloop.apps.builtin.apps import discover as discover_apps
 from agentloop.apps.builtin.apps import supervisor
 from agentloop.apps.builtin.people import NOW, make_world_data
+from agentloop.apps.builtin.prompt import builtin_prompt
 from agentloop.apps.evaluation import StateEvaluator
 from agentloop.apps.tasks import Scenario, ScenarioSetupError, TaskSpec, task_seed
 from agentloop.apps.world import ALWAYS_AVAILABLE, World, WorldState, add_login_api
@@ -64,7 +65,15 @@ class BuiltinWorld:
         if unknown:
             raise KeyError(f"unknown built-in app(s): {', '.join(unknown)}")
         state = pickle.loads(_base_state(seed))
-        return World(name=self.name, seed=seed, now=NOW, apps=APPS, state=state, available=_visible(available))
+        return World(
+            name=self.name,
+            seed=seed,
+            now=NOW,
+            apps=APPS,
+            state=state,
+            available=_visible(available),
+            prompt=builtin_prompt,
+        )
 
     @cached_property
     def scenarios(self) -> list[Scenario]:
@@ -140,7 +149,7 @@ class BuiltinWorld:
     def task_world(self, task_id: str) -> World:
         """A fresh world in the task's initial state."""
         spec, snap = self._build(task_id)
-        return World.from_snapshot(self.name, spec.seed, NOW, APPS, _visible(spec.apps), snap)
+        return World.from_snapshot(self.name, spec.seed, NOW, APPS, _visible(spec.apps), snap, builtin_prompt)
 
 
 BUILTIN = BuiltinWorld()

@@ -1,0 +1,146 @@
+"""Where a training run's tasks come from: the splits of a world (the built-in one, a plugin's), or the
+tasks a registered app offers (`agentloop_tasks`), each episode reset in the app and scored by it
+(`agentloop_reset`, `agentloop_evaluate`; see docs/apps.md).
+
+The same function checks a run before it is queued (the train route, gRPC Train, `agentloop learn`),
+so a run naming an unknown world or app, an app that cannot be reset, or no train tasks is refused
+with nothing stored, and loads the tasks when the learner starts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from agentloop.agent.eval_runs import external_tasks, world_tasks
+from agentloop.agent.evaluate import EvalTask
+from agentloop.apps.base import ApiError
+from agentloop.apps.external import ExternalApp, split_task_ref
+from agentloop.apps.openapi import TASKS_OP, AppRegistrationError
+from agentloop.apps.registry import UnknownWorld, WorldProvider, get_world
+from agentloop.learner.config import LoopConfig
+from agentloop.store.apps import operation_ids, to_external
+from agentloop.store.models import App
+
+APP_WORLD = "app:{}"  # what an app's rollouts (and `agentloop eval --app` runs) record as their world
+
+
+class TaskSourceError(ValueError):
+    """The run names nothing it can train on; the message says what to change."""
+
+
+class TaskSourceUnavailable(Exception):
+    """The app could not be asked for its tasks (unreachable, or a bad answer)."""
+
+
+@dataclass
+class TaskSource:
+    world: str  # what the run's episodes record as their world: the world's name, or "app:<name>"
+    train: list[EvalTask]  # the tasks of the configured splits (an app's as "<app>:<ref>")
+    dev: list[EvalTask] = field(default_factory=list)  # the promotion gate's tasks (none without promotion)
+    dev_set: str = ""  # where those come from: "<world>/<split>" or "app:<name>/<split>"
+    app: str | None = None
+    tenant_id: str | None = None  # the app's tenant
+
+
+def _provider(name: str) -> WorldProvider:
+    try:
+        return get_world(name)
+    except UnknownWorld as exc:
+        raise TaskSourceError(str(exc.args[0])) from None
+
+
+def find_app(session: Session, name: str, tenant_id: str | None) -> App:
+    """The registered app `name` of `tenant_id` (None: of whichever single tenant registered that name)."""
+    stmt = sa.select(App).where(App.name == name)
+    if tenant_id is not None:
+        stmt = stmt.where(App.tenant_id == tenant_id)
+    rows = session.scalars(stmt).all()
+    if not rows:
+        whose = " for this tenant" if tenant_id is not None else ""
+        raise TaskSourceError(
+            f"no registered app named {name!r}{whose}; register it with POST /v1/apps (GET /v1/apps lists them)"
+        )
+    if len(rows) > 1:
+        raise TaskSourceError(f"several tenants registered an app named {name!r}; name the tenant (--tenant)")
+    return rows[0]
+
+
+def _external(row: App, secret_key: str) -> ExternalApp:
+    try:
+        app = to_external(row, secret_key)
+        ids = set(operation_ids(row))
+    except AppRegistrationError as exc:  # registered before the current limits and over one
+        raise TaskSourceError(f"app {row.name!r} can no longer be used: {exc}; register it again") from None
+    if app.environment() is None:
+        raise TaskSourceError(
+            f"app {row.name!r} cannot be trained on: its OpenAPI document declares no agentloop_reset and "
+            "agentloop_evaluate operations, so its tasks cannot be reset for each rollout and scored (docs/apps.md)"
+        )
+    if TASKS_OP not in ids:
+        raise TaskSourceError(f"app {row.name!r} declares no {TASKS_OP} operation: it offers no tasks to sample")
+    return app
+
+
+def _app_tasks(app: ExternalApp, provider: WorldProvider, refs: list[str] | None = None) -> list[EvalTask]:
+    try:
+        return external_tasks(app, lambda: provider.new_world(0, []), refs, qualified=True)
+    except ApiError as exc:
+        raise TaskSourceUnavailable(f"could not list the tasks of app {app.name!r}: {exc.message}") from None
+
+
+def load_source(session: Session, config: LoopConfig, tenant_id: str | None, secret_key: str) -> TaskSource:
+    """The run's train tasks (and dev tasks, when it promotes); raises TaskSourceError if there are none,
+    TaskSourceUnavailable if the app cannot be asked. `tenant_id`: whose app `config.app` is (None: the
+    single tenant that registered one of that name)."""
+    provider = _provider(config.world)
+
+    def world_split(split: str, limit: int | None = None) -> list[EvalTask]:
+        try:
+            return world_tasks(provider, split, limit)
+        except ValueError as exc:
+            raise TaskSourceError(str(exc)) from None
+
+    if config.app is None:
+        train = [t for split in config.splits for t in world_split(split)]
+        dev = world_split(config.dev_split, config.dev_limit) if config.promote else []
+        return TaskSource(provider.name, train, dev, f"{provider.name}/{config.dev_split}")
+    row = find_app(session, config.app, tenant_id)
+    app = _external(row, secret_key)
+    offered = _app_tasks(app, provider)
+    train = [t for t in offered if t.split in config.splits]
+    if not train:
+        splits = ", ".join(sorted({t.split for t in offered})) or "none: it lists no tasks"
+        raise TaskSourceError(
+            f"app {app.name!r} offers no tasks in split(s) {', '.join(config.splits)} (its {TASKS_OP} splits: "
+            f"{splits}); name others with the `splits` option"
+        )
+    source = TaskSource(APP_WORLD.format(app.name), train, app=app.name, tenant_id=row.tenant_id)
+    if config.promote:
+        # the gate measures on the app's own dev tasks; an app without any is gated on the world's dev split
+        # (the adapter serves every episode of the base model, so it must not get worse there)
+        app_dev = [t for t in offered if t.split == config.dev_split][: config.dev_limit]
+        if app_dev:
+            source.dev, source.dev_set = app_dev, f"{source.world}/{config.dev_split}"
+        else:
+            source.dev = world_split(config.dev_split, config.dev_limit)
+            source.dev_set = f"{provider.name}/{config.dev_split}"
+    return source
+
+
+def rollout_task(
+    session: Session, world: str, app: str | None, tenant_id: str | None, task_ref: str, secret_key: str
+) -> EvalTask:
+    """One task of a run, as a `rollouts` worker rebuilds it from its job."""
+    provider = _provider(world)
+    if app is None:
+        found = [t for t in world_tasks(provider, None) if t.task_ref == task_ref]
+    else:
+        own = split_task_ref(task_ref)
+        if own is None or own[0] != app:
+            raise TaskSourceError(f"task {task_ref!r} is not a task of app {app!r}")
+        found = _app_tasks(_external(find_app(session, app, tenant_id), secret_key), provider, [own[1]])
+    if len(found) != 1:
+        raise TaskSourceError(f"no task {task_ref!r} in world {world!r}")
+    return found[0]
