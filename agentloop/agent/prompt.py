@@ -154,13 +154,3 @@ class ChatFormat:
         if stopped and before.startswith(self.eos_text):
             before = before[len(self.eos_text) :]
         return list(self.tokenizer.encode(before + observation + self.obs_after, add_special_tokens=False))
-
-    def truncate(self, observation: str, max_tokens: int) -> str:
-        ids = self.tokenizer.encode(observation, add_special_tokens=False)
-        if len(ids) <= max_tokens:
-            return observation
-        kept = self.tokenizer.decode(ids[:max_tokens], skip_special_tokens=True)
-        return (
-            f"{kept}\n[Output truncated: showed {max_tokens} of {len(ids)} tokens. "
-            "Ask for less, e.g. a smaller page_limit or a narrower query.]"
-        )
