@@ -523,7 +523,8 @@ def learn(
 
     from accelerate import PartialState
 
-    from agentloop.learner.trainer import Cancellation, run_training
+    from agentloop.learner.run import run_training
+    from agentloop.learner.trainer import Cancellation
     from agentloop.store.db import session_scope
     from agentloop.store.models import TrainingRun
 

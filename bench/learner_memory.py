@@ -289,7 +289,7 @@ class Child:
         return LoopConfig(epochs=1, minibatch_size=self.n, micro_batch_size=self.micro, **overrides)
 
     def lora(self, base: Any, config: LoopConfig | None = None) -> Any:
-        from agentloop.learner.trainer import lora_model
+        from agentloop.learner.model import lora_model
 
         torch.manual_seed(0)  # the same adapter initialisation in every configuration
         return lora_model(base, config or self.loop_config(), None)
@@ -445,7 +445,7 @@ class Child:
         from datasets import Dataset
         from trl import GRPOConfig, GRPOTrainer
 
-        from agentloop.learner.trainer import lora_config
+        from agentloop.learner.model import lora_config
 
         config = self.loop_config()
 

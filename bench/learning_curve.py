@@ -39,7 +39,8 @@ from typing import Any
 import torch
 
 from agentloop.learner.config import ALGOS, LoopConfig
-from agentloop.learner.trainer import Trainer, lora_model
+from agentloop.learner.model import lora_model
+from agentloop.learner.rl import LoopTrainer
 from agentloop.policy.models import resolve_model_dir
 from agentloop.settings import Settings, get_settings
 
@@ -115,7 +116,9 @@ def new_run(config: LoopConfig, trigger: str) -> str:
         return str(run.id)
 
 
-def trainer_for(settings: Settings, config: LoopConfig, model_dir: Path, init_from: Path | None, label: str) -> Trainer:
+def trainer_for(
+    settings: Settings, config: LoopConfig, model_dir: Path, init_from: Path | None, label: str
+) -> LoopTrainer:
     """A Trainer over a freshly loaded base model with the LoRA adapter from `init_from` (or a new one)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -130,7 +133,7 @@ def trainer_for(settings: Settings, config: LoopConfig, model_dir: Path, init_fr
         shown = {k: v for k, v in event.items() if k not in ("phase", "metrics")}
         progress(f"{label} {event.get('phase')} " + " ".join(f"{k}={v}" for k, v in shown.items()))
 
-    trainer = Trainer(settings, config, new_run(config, "bench"), report=report, model=model, tokenizer=tokenizer)
+    trainer = LoopTrainer(settings, config, new_run(config, "bench"), report=report, model=model, tokenizer=tokenizer)
     trainer.setup()
     return trainer
 
@@ -154,7 +157,7 @@ def make_config(algo: str, args: argparse.Namespace) -> LoopConfig:
     )
 
 
-def dev_point(trainer: Trainer) -> dict[str, float]:
+def dev_point(trainer: LoopTrainer) -> dict[str, float]:
     t0 = time.perf_counter()
     summary = trainer.dev_summary()
     return {"dev_tgc": summary["tgc"], "dev_sgc": summary["sgc"], "eval_s": round(time.perf_counter() - t0, 1)}
@@ -260,7 +263,7 @@ def train_one(
     }
 
 
-def release(trainer: Trainer) -> None:
+def release(trainer: LoopTrainer) -> None:
     trainer.policy.clear_cache()
     del trainer.model, trainer.policy, trainer.module, trainer.optimizer
     gc.collect()

@@ -27,8 +27,8 @@ from agentloop.agent.episode import Limits
 from agentloop.agent.eval_runs import world_tasks
 from agentloop.apps.registry import get_world
 from agentloop.learner.config import LoopConfig
+from agentloop.learner.model import lora_model
 from agentloop.learner.rollouts import run_local
-from agentloop.learner.trainer import lora_model
 from agentloop.learner.update import collate
 from agentloop.policy.local import LocalPolicy
 from agentloop.policy.models import resolve_model_dir

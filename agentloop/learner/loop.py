@@ -13,6 +13,7 @@ full (positions x vocabulary) fp32 log-softmax never exists at once.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -49,6 +50,32 @@ def std_normalise(advantages: torch.Tensor, rewards: torch.Tensor, eps: float = 
 def keep_mask(advantages: torch.Tensor, threshold: float = 0.01) -> torch.Tensor:
     """Rollouts worth training on: |A| >= threshold (drops every rollout of an all-equal group)."""
     return advantages.abs() >= threshold
+
+
+def trajectory_advantages(
+    groups: Sequence[Sequence[float]], algo: str, std_norm: bool = False
+) -> list[list[float] | None]:
+    """Each group's rewards (K rollouts of one task; groups may be ragged) -> their advantages, or None for
+    a group too small for a baseline. loop: leave-one-out (optionally std-normalised); grpo: group-normalised;
+    reinforce: one baseline, the mean reward of the whole batch (so it needs no groups)."""
+    if algo == "reinforce":
+        every = [r for g in groups for r in g]
+        baseline = sum(every) / max(len(every), 1)
+        return [[r - baseline for r in g] for g in groups]
+    out: list[list[float] | None] = []
+    for group in groups:
+        if len(group) < 2:
+            out.append(None)
+            continue
+        rewards = torch.tensor([list(group)], dtype=torch.float64)
+        if algo == "grpo":
+            adv = group_normalised_advantages(rewards)
+        else:
+            adv = leave_one_out_advantages(rewards)
+            if std_norm:
+                adv = std_normalise(adv, rewards)
+        out.append(adv[0].tolist())
+    return out
 
 
 # --- log-probs -------------------------------------------------------------------------------------
@@ -183,7 +210,8 @@ def ppo_clip_loss(
     turn_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, LossStats]:
     """LOOP's clipped surrogate. logp/old_logp/mask: (B, T) over generated positions, mask = 1 on the
-    agent's own tokens; advantages: (B,). Returns the mean over rollouts of each rollout's mean token loss.
+    agent's own tokens; advantages: (B,), or (B, T) when they differ by step (LOOP+step). Returns the mean
+    over rollouts of each rollout's mean token loss.
     `level`: the importance ratio per token (default), per turn (product over the turn's tokens) or per
     trajectory (product over all agent tokens)."""
     mask = mask.to(logp.dtype)
@@ -199,7 +227,8 @@ def ppo_clip_loss(
     else:
         raise ValueError(f"unknown ratio level {level!r}")
     ratio = torch.exp(seq_log_ratio)  # (B, T)
-    adv = advantages.to(logp.dtype).unsqueeze(1)  # (B, 1)
+    adv = advantages.to(logp.dtype)
+    adv = adv.unsqueeze(1) if adv.dim() == 1 else adv  # (B, 1), or (B, T): an advantage per token
     low, high = 1.0 / (1.0 + eps), 1.0 + eps
     surrogate = torch.minimum(ratio * adv, ratio.clamp(low, high) * adv)
     per_rollout = -(surrogate * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)  # (B,)
@@ -208,10 +237,9 @@ def ppo_clip_loss(
         n = mask.sum().clamp(min=1.0)
         clipped = ((ratio < low) | (ratio > high)).to(mask.dtype) * mask
         token_ratio = torch.exp(log_ratio)
-        approx_kl = ((token_ratio - 1.0) - log_ratio) * mask  # k3 estimator of KL(old || new), >= 0
         stats = LossStats(
             clip_frac=float(clipped.sum() / n),
-            approx_kl=float(approx_kl.sum() / n),
+            approx_kl=float(k3_kl(log_ratio, mask)),  # KL(old || new): the tokens were sampled by old
             ratio_mean=float((token_ratio * mask).sum() / n),
             tokens=int(mask.sum().item()),
         )
@@ -225,9 +253,14 @@ def policy_gradient_loss(logp: torch.Tensor, advantages: torch.Tensor, mask: tor
     return per_rollout.mean()
 
 
-def kl_to_reference(logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """k3 estimate of KL(pi_theta || pi_ref) over the agent's tokens (the optional penalty, weight lambda)."""
-    mask = mask.to(logp.dtype)
-    log_ratio = ref_logp - logp
+def k3_kl(log_ratio: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The k3 estimate of KL(q || p) from tokens sampled by q, log_ratio = log p - log q per token:
+    mean over masked tokens of (r - 1) - log r, r = p / q. Unbiased, and >= 0 for every token."""
+    mask = mask.to(log_ratio.dtype)
     per_token = torch.exp(log_ratio) - 1.0 - log_ratio
     return (per_token * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def kl_to_reference(logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """KL(pi_theta || pi_ref) over the agent's tokens, sampled by pi_theta (the optional penalty, weight lambda)."""
+    return k3_kl(ref_logp - logp, mask)

@@ -23,7 +23,7 @@ from torch import nn
 
 from agentloop import faults
 from agentloop.learner.config import LoopConfig
-from agentloop.learner.loop import kl_to_reference, policy_gradient_loss, ppo_clip_loss, sequence_logprobs
+from agentloop.learner.loop import k3_kl, kl_to_reference, policy_gradient_loss, ppo_clip_loss, sequence_logprobs
 from agentloop.learner.rollouts import Rollout
 
 
@@ -158,10 +158,7 @@ def update(
                 if config.algo == "reinforce":
                     loss = policy_gradient_loss(logp, adv, batch.agent_mask)
                     with torch.no_grad():
-                        kl = float(
-                            ((old - logp).exp() - 1 - (old - logp)).mul(batch.agent_mask).sum()
-                            / batch.agent_mask.sum().clamp(min=1)
-                        )
+                        kl = float(k3_kl(logp - old, batch.agent_mask))  # KL(old || new), as LOOP's
                     clip = 0.0
                 else:
                     loss, s = ppo_clip_loss(

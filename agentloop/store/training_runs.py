@@ -1,13 +1,17 @@
-"""Data functions for training runs: who sees a run, and cancelling one. The caller owns the transaction."""
+"""Data functions for training runs: who sees a run, cancelling one, and the learner's lease on it (claim,
+renew, progress, outcome). Functions taking a session leave the transaction to the caller; the learner's
+(which take none) each run in a transaction of their own."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
+from agentloop.store.db import session_scope
 from agentloop.store.models import TrainingRun, TrainingRunStatus, utcnow
 
 CLI_TRIGGER = "cli"  # started by `agentloop learn`: only `agentloop learn --resume` resumes it
@@ -50,3 +54,97 @@ def mark_cancelled(run: TrainingRun, reason: str, now: datetime) -> None:
     run.status, run.error, run.finished_at = TrainingRunStatus.CANCELLED, reason, now
     run.lease_owner, run.lease_expires_at = None, None
     run.progress = {"phase": "cancelled", "iteration": run.iteration}
+
+
+# --- the learner's side: a lease on the run's row ----------------------------------------------------
+
+
+def claim_run(run_id: str, owner: str, lease_s: float) -> TrainingRun | None:
+    """Take a queued run, or a running one whose lease expired (its learner is gone); None if neither."""
+    now = utcnow()
+    with session_scope() as s:
+        result = s.execute(
+            sa.update(TrainingRun)
+            .where(
+                TrainingRun.id == run_id,
+                sa.or_(
+                    TrainingRun.status == "queued",
+                    sa.and_(TrainingRun.status == "running", TrainingRun.lease_expires_at < now),
+                ),
+                TrainingRun.cancel_requested.is_(False),
+            )
+            .values(
+                status="running",
+                lease_owner=owner,
+                lease_expires_at=now + timedelta(seconds=lease_s),
+                started_at=sa.func.coalesce(TrainingRun.started_at, now),
+                attempts=TrainingRun.attempts + 1,
+            )
+            .execution_options(synchronize_session=False)
+        )
+        if result.rowcount != 1:  # type: ignore[attr-defined]
+            return None
+        run = s.get(TrainingRun, run_id, populate_existing=True)
+        assert run is not None
+        s.expunge(run)
+        return run
+
+
+def renew_lease(session: Session, run_id: str, owner: str, lease_s: float) -> None:
+    session.execute(
+        sa.update(TrainingRun)
+        .where(TrainingRun.id == run_id, TrainingRun.lease_owner == owner)
+        .values(lease_expires_at=utcnow() + timedelta(seconds=lease_s))
+    )
+
+
+def stop_reason(session: Session, run_id: str, owner: str | None) -> tuple[str, bool] | None:
+    """Why the learner `owner` must stop the run, if it must: (reason, lease_lost)."""
+    row = session.execute(
+        sa.select(TrainingRun.cancel_requested, TrainingRun.error, TrainingRun.lease_owner).where(
+            TrainingRun.id == run_id
+        )
+    ).one_or_none()
+    if row is None or (owner is not None and row.lease_owner != owner):
+        return "the run's lease is not this learner's any more", True
+    if row.cancel_requested:
+        return row.error or "cancelled", False
+    return None
+
+
+def set_progress(run_id: str, progress: dict[str, Any]) -> None:
+    with session_scope() as s:
+        s.execute(sa.update(TrainingRun).where(TrainingRun.id == run_id).values(progress=progress))
+
+
+def record_iteration(run_id: str, next_iteration: int, metrics: dict[str, Any]) -> None:
+    with session_scope() as s:
+        run = s.get(TrainingRun, run_id)
+        assert run is not None
+        run.iteration = next_iteration
+        run.metrics = [*(run.metrics or []), metrics]
+
+
+def end_run(run_id: str, owner: str, status: str, error: str | None = None) -> None:
+    """The learner's last word on its run (finished | failed), written only while the lease is its own."""
+    values: dict[str, Any] = {"status": status, "finished_at": utcnow(), "lease_owner": None, "lease_expires_at": None}
+    if error is not None:
+        values["error"] = error
+    if status == TrainingRunStatus.FINISHED:
+        values["progress"] = {"phase": "finished"}
+    with session_scope() as s:
+        s.execute(
+            sa.update(TrainingRun).where(TrainingRun.id == run_id, TrainingRun.lease_owner == owner).values(**values)
+        )
+
+
+def record_stopped(run_id: str, owner: str, reason: str, where: str) -> None:
+    """The learner stopped its run at a safe point: cancelled, never claimed again."""
+    with session_scope() as s:
+        run = s.scalars(
+            sa.select(TrainingRun).where(TrainingRun.id == run_id, TrainingRun.lease_owner == owner).with_for_update()
+        ).first()
+        if run is not None:
+            run.cancel_requested = True  # never claimed again, even by a sweeper that misses the status
+            mark_cancelled(run, reason, utcnow())
+            run.progress = {**run.progress, "stopped": where}

@@ -56,7 +56,7 @@ def maybe_train() -> str | None:
 
 @app.task(name="agentloop.train", bind=True, acks_late=True)
 def train(self: CeleryTask, run_id: str) -> str:
-    from agentloop.learner.trainer import run_training
+    from agentloop.learner.run import run_training
 
     owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
     return run_training(run_id, owner, get_settings())

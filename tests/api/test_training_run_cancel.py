@@ -6,10 +6,10 @@ import pytest
 import sqlalchemy as sa
 
 from agentloop.api.auth import create_key
-from agentloop.learner.trainer import claim_run
 from agentloop.settings import get_settings
 from agentloop.store.db import session_scope
 from agentloop.store.models import TrainingRun, utcnow
+from agentloop.store.training_runs import claim_run
 from agentloop.worker.dispatch import sweep_training_runs
 from tests.api.test_admin_api import TRAIN, env
 from tests.factories import bearer

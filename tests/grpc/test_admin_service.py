@@ -10,7 +10,7 @@ import sqlalchemy as sa
 from google.protobuf import json_format, struct_pb2
 
 from agentloop.learner.adapters import directory_sha256
-from agentloop.learner.trainer import run_training
+from agentloop.learner.run import run_training
 from agentloop.proto_gen.agentloop.v1 import agent_pb2 as pb
 from agentloop.settings import get_settings
 from agentloop.store.db import session_scope

@@ -6,10 +6,10 @@ import grpc
 import sqlalchemy as sa
 
 from agentloop.api.auth import create_key
-from agentloop.learner.trainer import claim_run
 from agentloop.proto_gen.agentloop.v1 import agent_pb2 as pb
 from agentloop.store.db import session_scope
 from agentloop.store.models import TrainingRun, TrainingRunStatus, utcnow
+from agentloop.store.training_runs import claim_run
 from tests.grpc.conftest import auth
 from tests.grpc.test_agent_service import expect_error
 

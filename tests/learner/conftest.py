@@ -107,8 +107,8 @@ def lights_on_adapter_dir(model_cache, lights_model_dir):
         from agentloop.agent.episode import Limits
         from agentloop.agent.eval_runs import world_tasks
         from agentloop.learner.config import LoopConfig
+        from agentloop.learner.model import lora_model
         from agentloop.learner.sft import expert_rollouts, supervised_steps
-        from agentloop.learner.trainer import lora_model
 
         torch.manual_seed(0)
         model = lora_model(AutoModelForCausalLM.from_pretrained(lights_model_dir), LoopConfig(), None)

@@ -11,8 +11,8 @@ from accelerate import Accelerator
 from transformers import AutoModelForCausalLM
 
 from agentloop.learner.config import LoopConfig
+from agentloop.learner.model import lora_model
 from agentloop.learner.rollouts import Rollout
-from agentloop.learner.trainer import lora_model
 from agentloop.learner.update import LogprobModel, compute_logprobs, update
 
 

@@ -11,11 +11,11 @@ import sqlalchemy as sa
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agentloop.learner.config import LoopConfig
-from agentloop.learner.trainer import claim_run
 from agentloop.policy.local import LocalPolicy
 from agentloop.settings import get_settings
 from agentloop.store.db import session_scope
 from agentloop.store.models import Adapter, TrainingRun
+from agentloop.store.training_runs import claim_run
 from agentloop.worker.dispatch import sweep
 from tests.api.test_admin_api import env, save_version
 from tests.factories import bearer

@@ -8,7 +8,7 @@ from peft import PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agentloop.learner.config import LoopConfig
-from agentloop.learner.trainer import Trainer
+from agentloop.learner.rl import LoopTrainer
 from agentloop.settings import get_settings
 from agentloop.store.db import session_scope
 from agentloop.store.models import Episode, TrainingRun
@@ -50,7 +50,7 @@ def test_an_iteration_trains_on_rollouts_a_worker_ran(
         s.add(run)
         s.flush()
         run_id = run.id
-    trainer = Trainer(
+    trainer = LoopTrainer(
         get_settings(), config, run_id, model=model, tokenizer=AutoTokenizer.from_pretrained(lights_model_dir)
     )
     trainer.setup()

@@ -6,7 +6,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agentloop.apps.tasks import OracleClient
 from agentloop.learner.config import LoopConfig
-from agentloop.learner.trainer import Trainer, lora_model
+from agentloop.learner.model import lora_model
+from agentloop.learner.rl import LoopTrainer
 from agentloop.settings import get_settings
 from agentloop.store.db import session_scope
 from agentloop.store.models import Adapter, TrainingRun
@@ -48,7 +49,7 @@ def test_loop_raises_the_success_rate(sqlite_db, lights_world, lights_model_dir,
         s.add(run)
         s.flush()
         run_id = run.id
-    trainer = Trainer(get_settings(), config, run_id, model=model, tokenizer=tok)
+    trainer = LoopTrainer(get_settings(), config, run_id, model=model, tokenizer=tok)
     history = trainer.run(trainer.setup())
     rates = [m["success/rate"] for m in history]
     print("success rate per iteration:", rates)

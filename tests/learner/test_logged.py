@@ -9,7 +9,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from agentloop.agent import runner
 from agentloop.learner.config import LoopConfig
 from agentloop.learner.logged import feedback_advantages, logged_episodes
-from agentloop.learner.trainer import Trainer, lora_model
+from agentloop.learner.model import lora_model
+from agentloop.learner.rl import LoopTrainer
 from agentloop.learner.update import compute_logprobs, sampler_gap
 from agentloop.policy.local import LocalPolicy
 from agentloop.settings import get_settings
@@ -50,7 +51,9 @@ def make_trainer(config, model_dir):
         s.add(run)
         s.flush()
         run_id = run.id
-    trainer = Trainer(get_settings(), config, run_id, model=model, tokenizer=AutoTokenizer.from_pretrained(model_dir))
+    trainer = LoopTrainer(
+        get_settings(), config, run_id, model=model, tokenizer=AutoTokenizer.from_pretrained(model_dir)
+    )
     trainer.setup()
     return trainer
 

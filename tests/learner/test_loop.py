@@ -176,7 +176,7 @@ def test_shared_opening_gives_the_same_logprobs_and_gradients(tiny_model_dir):
 
     from agentloop.learner.config import LoopConfig
     from agentloop.learner.loop import shared_opening
-    from agentloop.learner.trainer import lora_model
+    from agentloop.learner.model import lora_model
 
     torch.manual_seed(0)
     model = lora_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir), LoopConfig(lora_r=4, lora_alpha=8), None)
@@ -211,7 +211,7 @@ def test_activation_checkpointing_recomputes_layers_and_gives_the_same_gradients
     from transformers import AutoModelForCausalLM
 
     from agentloop.learner.config import LoopConfig
-    from agentloop.learner.trainer import lora_model
+    from agentloop.learner.model import lora_model
 
     ids = torch.randint(0, 1000, (3, 40), generator=torch.Generator().manual_seed(0))
     ids[:, :24] = ids[0, :24]  # a shared opening: the checkpointed forward runs rows whole instead

@@ -9,7 +9,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from agentloop.agent import runner
 from agentloop.apps.registry import get_world
 from agentloop.learner.config import LoopConfig
-from agentloop.learner.trainer import Trainer, lora_model
+from agentloop.learner.model import lora_model
+from agentloop.learner.rl import LoopTrainer
 from agentloop.settings import get_settings
 from agentloop.store.db import session_scope
 from agentloop.store.models import Adapter, Episode, Task, Tenant, TrainingRun
@@ -25,7 +26,7 @@ def gate(model, tokenizer):
         s.add(run)
         s.flush()
         run_id = run.id
-    trainer = Trainer(get_settings(), CONFIG, run_id, model=model, tokenizer=tokenizer)
+    trainer = LoopTrainer(get_settings(), CONFIG, run_id, model=model, tokenizer=tokenizer)
     trainer.setup()  # takes the active version's recorded dev TGC as the bar
     metrics = trainer.save_and_gate(0)
     with session_scope() as s:

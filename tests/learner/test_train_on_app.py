@@ -177,7 +177,8 @@ def test_client_episodes_of_the_apps_train_tasks_join_their_group(api, lights_ap
 
     from agentloop.agent.runner import run_served_task
     from agentloop.learner.config import LoopConfig
-    from agentloop.learner.trainer import Trainer, lora_model
+    from agentloop.learner.model import lora_model
+    from agentloop.learner.rl import LoopTrainer
     from agentloop.policy.local import LocalPolicy
     from agentloop.settings import get_settings
 
@@ -210,7 +211,7 @@ def test_client_episodes_of_the_apps_train_tasks_join_their_group(api, lights_ap
         run_id = run.id
     torch.manual_seed(0)
     model = lora_model(AutoModelForCausalLM.from_pretrained(lights_model_dir), config, None)
-    trainer = Trainer(get_settings(), config, run_id, model=model, tokenizer=tok)
+    trainer = LoopTrainer(get_settings(), config, run_id, model=model, tokenizer=tok)
     trainer.setup()
     assert [item.rollout.episode_id for item in trainer.logged_episodes()] == [ours]
     resets = len(log.resets)
