@@ -6,6 +6,7 @@ agentloop worker [--queues ...] [--pool ...]           a Celery worker
 agentloop beat                                         the Celery beat scheduler (lease sweeps)
 agentloop migrate                                      upgrade the database schema
 agentloop keys create --tenant T --role client|admin   print a new API key (once); also list, revoke
+agentloop demos import FILE.jsonl --tenant T           upload demonstrations (checked, replayed); also export
 agentloop demo                                         run built-in tasks and print each step
 """
 
@@ -36,6 +37,8 @@ keys_app = typer.Typer(no_args_is_help=True, help="API keys.")
 app.add_typer(keys_app, name="keys")
 world_app = typer.Typer(no_args_is_help=True, help="Worlds: the built-in one and those plugins add.")
 app.add_typer(world_app, name="world")
+demos_app = typer.Typer(no_args_is_help=True, help="Demonstrations: expert trajectories to learn from.")
+app.add_typer(demos_app, name="demos")
 
 log = logging.getLogger("agentloop")
 
@@ -293,6 +296,77 @@ def keys_revoke(key_id: str = typer.Argument(..., help="Id shown by `keys list`.
             raise typer.BadParameter(f"no key with id {key_id}")
         key.revoked_at = utcnow()
     typer.echo(f"revoked {key_id}")
+
+
+@demos_app.command("import")
+def demos_import(
+    file: Path = typer.Argument(
+        ..., exists=True, dir_okay=False, help="JSON Lines: one POST /v1/demonstrations body per line."
+    ),
+    tenant: str = typer.Option(..., help="Tenant the demonstrations belong to."),
+) -> None:
+    """Upload demonstrations, each checked and replayed as POST /v1/demonstrations does. Prints each line's
+    outcome; a bad line stores nothing and the others are kept. Exits with 1 if any line failed."""
+    settings = _setup()
+    _migrate_if_embedded(settings)
+    from agentloop.api import demonstrations
+    from agentloop.api.auth import tenant_admin
+    from agentloop.api.errors import ServiceError
+    from agentloop.store.db import session_scope
+
+    with session_scope() as s:
+        principal = tenant_admin(s, tenant)
+    if principal is None:
+        raise typer.BadParameter(f"no tenant named {tenant!r}", param_hint="--tenant")
+    stored = failed = 0
+    with file.open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                with session_scope() as s:  # one transaction per line: a bad one rolls back alone
+                    body = demonstrations.parse_upload(line)
+                    row = demonstrations.create_demonstration(s, principal, body, settings.secret_key)
+                    outcome = f"ok {row.id} ({len(row.steps)} steps, {'replayed' if row.replayed else 'not replayed'})"
+            except ServiceError as exc:
+                failed += 1
+                typer.echo(f"line {number}: {exc.message}", err=True)
+                continue
+            stored += 1
+            typer.echo(f"line {number}: {outcome}")
+    typer.echo(f"{stored} demonstration(s) imported for tenant {tenant!r}, {failed} line(s) failed", err=True)
+    if failed:
+        raise typer.Exit(1)
+
+
+@demos_app.command("export")
+def demos_export(
+    file: Path = typer.Argument(..., dir_okay=False, help="JSON Lines file to write (replaced if it exists)."),
+    tenant: str = typer.Option(None, help="Only this tenant's (default: every tenant's)."),
+    world: str = typer.Option(None, help="Only this world's."),
+) -> None:
+    """Write demonstrations, oldest first, one POST /v1/demonstrations body per line: `demos import` reads
+    the file back (the observations of replayed steps are then replayed again)."""
+    settings = _setup()
+    _migrate_if_embedded(settings)
+    from agentloop.api.auth import tenant_admin
+    from agentloop.api.demonstrations import upload_body
+    from agentloop.store import demonstrations as demo_store
+    from agentloop.store.db import session_scope
+
+    count = 0
+    with session_scope() as s:
+        tenant_id = None
+        if tenant is not None:
+            principal = tenant_admin(s, tenant)
+            if principal is None:
+                raise typer.BadParameter(f"no tenant named {tenant!r}", param_hint="--tenant")
+            tenant_id = principal.tenant_id
+        with file.open("w", encoding="utf-8") as out:
+            for row in demo_store.oldest_first(s, tenant_id, world):
+                out.write(json.dumps(upload_body(row), ensure_ascii=False) + "\n")
+                count += 1
+    typer.echo(f"{count} demonstration(s) written to {file}", err=True)
 
 
 @app.command()

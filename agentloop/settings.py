@@ -116,6 +116,9 @@ class Settings(BaseSettings):
     shutdown_grace_s: float = Field(
         10.0, description="On SIGTERM/SIGINT, running requests and streams (REST and gRPC) get this long to finish."
     )
+    demonstration_max_args_bytes: int = Field(
+        65_536, description="Largest `args` of one step of an uploaded demonstration, as compact JSON (else 422)."
+    )
 
     # --- external apps (OpenAPI documents; a document over a limit is refused with 422) ----------
     openapi_max_operations: int = Field(500, description="Most operations one app's document may declare.")
@@ -180,6 +183,8 @@ class Settings(BaseSettings):
             raise ValueError(
                 "AGENTLOOP_APP_CONTROL_ATTEMPTS must be at least 1 and AGENTLOOP_APP_CONTROL_BACKOFF_S >= 0"
             )
+        if self.demonstration_max_args_bytes < 1:
+            raise ValueError("AGENTLOOP_DEMONSTRATION_MAX_ARGS_BYTES must be at least 1")
         for name in ("control_timeout_s", "release_timeout_s", "submit_timeout_s"):
             if getattr(self, f"app_{name}") <= 0:
                 raise ValueError(f"AGENTLOOP_APP_{name.upper()} must be positive")

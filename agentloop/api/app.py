@@ -16,7 +16,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from agentloop import __version__
 from agentloop.api.errors import ServiceError, TooLarge, Unavailable
 from agentloop.api.metrics import HTTP_LATENCY, HTTP_REQUESTS
-from agentloop.api.routes import admin, apps, health, tasks
+from agentloop.api.routes import admin, apps, demonstrations, health, tasks
 from agentloop.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
@@ -82,6 +82,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(health.router)
     app.include_router(tasks.router)
     app.include_router(apps.router)
+    app.include_router(demonstrations.router)
     app.include_router(admin.router)
 
     @app.exception_handler(ServiceError)

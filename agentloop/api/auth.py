@@ -79,3 +79,12 @@ def authenticate(session: Session, authorization: str | None) -> Principal:
 
 def any_keys(session: Session) -> bool:
     return session.scalar(sa.select(sa.func.count()).select_from(ApiKey)) != 0
+
+
+def tenant_admin(session: Session, tenant_name: str) -> Principal | None:
+    """Whom a command run on the deployment acts as for a tenant (`agentloop demos import`): an admin of that
+    tenant, holding no key (whoever runs it has the database). None when no tenant has that name."""
+    tenant = session.scalars(sa.select(Tenant).where(Tenant.name == tenant_name)).first()
+    if tenant is None:
+        return None
+    return Principal(tenant_id=tenant.id, tenant=tenant.name, role="admin", key_id="")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -13,13 +13,16 @@ TaskStatusName = Literal["queued", "running", "finished", "failed", "cancelled"]
 assert set(TaskStatusName.__args__) == set(TaskStatus.ALL)  # type: ignore[attr-defined]
 
 
+ClientMetadata = Annotated[dict[str, str], Field(max_length=32, description="Yours; stored as given.")]
+
+
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class TaskCreate(Strict):
-    """Either a task of a world (`task_ref`, evaluated, usable for training) or a free instruction
-    over named apps of that world."""
+class TaskTarget(Strict):
+    """The task a request is about: either a task of a world (`task_ref`, evaluated, usable for training) or
+    a free instruction over named apps of that world."""
 
     instruction: str | None = Field(None, min_length=1, max_length=20_000, description="What the agent should do.")
     world: str = Field("builtin", max_length=64, description="The world whose apps the agent uses.")
@@ -32,12 +35,9 @@ class TaskCreate(Strict):
         description="Apps the agent may use (with `instruction`); api_docs and supervisor are always available.",
     )
     seed: int = Field(0, ge=0, le=2**31 - 1, description="World seed for free instructions.")
-    max_turns: int | None = Field(None, ge=1, le=200, description="Override the service's turn limit.")
-    temperature: float | None = Field(None, ge=0.0, le=2.0, description="Override the sampling temperature.")
-    metadata: dict[str, str] = Field(default_factory=dict, max_length=32, description="Yours; stored as given.")
 
     @model_validator(mode="after")
-    def _one_kind(self) -> TaskCreate:
+    def _one_kind(self) -> TaskTarget:
         if self.task_ref is None and self.instruction is None:
             raise ValueError("give either `task_ref` (a task of the world) or `instruction` with `apps`")
         if self.task_ref is not None and (self.instruction is not None or self.apps is not None):
@@ -45,6 +45,14 @@ class TaskCreate(Strict):
         if self.instruction is not None and not self.apps:
             raise ValueError('an `instruction` needs `apps`: the apps the agent may use, e.g. ["notes"]')
         return self
+
+
+class TaskCreate(TaskTarget):
+    """A task to queue: a task of a world, or a free instruction over named apps of that world."""
+
+    max_turns: int | None = Field(None, ge=1, le=200, description="Override the service's turn limit.")
+    temperature: float | None = Field(None, ge=0.0, le=2.0, description="Override the sampling temperature.")
+    metadata: ClientMetadata = Field(default_factory=dict)
 
 
 class TaskPublic(BaseModel):
@@ -232,3 +240,54 @@ class AdapterPublic(BaseModel):
     sha256: str
     created_at: datetime
     activated_at: datetime | None
+
+
+MAX_DEMONSTRATION_STEPS = 200
+
+
+class DemonstrationStep(Strict):
+    """One expert tool call, and (optionally) what it returned."""
+
+    app: str = Field(..., min_length=1, max_length=64, description="An app of the task (or api_docs, supervisor).")
+    api: str = Field(..., min_length=1, max_length=64, description="One of that app's APIs.")
+    args: dict[str, Any] = Field(default_factory=dict, description="Arguments its schema accepts.")
+    observation: Any = Field(
+        None,
+        description="What the call returned. Replaced by what it returns when the service replays the steps "
+        "(every app built in); kept as given otherwise (steps over external apps are never called).",
+    )
+
+
+class DemonstrationCreate(TaskTarget):
+    """An expert trajectory of a task, named as a task is named (`task_ref`, or `instruction` with `apps`)."""
+
+    steps: list[DemonstrationStep] = Field(..., min_length=1, max_length=MAX_DEMONSTRATION_STEPS)
+    metadata: ClientMetadata = Field(default_factory=dict)
+
+
+class DemonstrationStepPublic(BaseModel):
+    app: str
+    api: str
+    args: dict[str, Any]
+    observation: Any
+
+
+class DemonstrationPublic(BaseModel):
+    id: str
+    world: str
+    task_ref: str | None
+    instruction: str
+    apps: list[str]
+    seed: int = Field(description="Seed of the world a free instruction's steps were replayed on.")
+    steps: list[DemonstrationStepPublic]
+    replayed: bool = Field(
+        description="The steps were run, in order, on the task's initial world and each `observation` is what it "
+        "returned there; false: checked against the apps' schemas only, observations as uploaded."
+    )
+    metadata: dict[str, str]
+    created_at: datetime
+
+
+class DemonstrationPage(BaseModel):
+    items: list[DemonstrationPublic]
+    next_cursor: str | None = Field(None, description="Pass as `cursor` for the next page; null on the last.")

@@ -10,7 +10,7 @@ import hashlib
 import json
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any, cast
+from typing import Any, Protocol, TypeVar, cast
 
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -36,6 +36,7 @@ from agentloop.api.schemas import (
     TaskCreate,
     TaskPublic,
     TaskStatusName,
+    TaskTarget,
     ToolCallPublic,
     TrainCreate,
     TrainingRunPublic,
@@ -92,8 +93,9 @@ def request_hash(body: TaskCreate) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def _resolve(session: Session, principal: Principal, body: TaskCreate, secret_key: str) -> tuple[str, list[str]]:
-    """The instruction and apps of a new task, checked against its world and the tenant's apps."""
+def resolve_task(session: Session, principal: Principal, body: TaskTarget, secret_key: str) -> tuple[str, list[str]]:
+    """The instruction and apps of the task a request names (a new task, a demonstration), checked against
+    its world and the tenant's apps."""
     world = _world(body.world)
     if body.task_ref is not None:
         external = split_task_ref(body.task_ref)
@@ -159,7 +161,7 @@ def create_task(
         existing = task_store.get_task_by_idempotency_key(session, principal.tenant_id, idempotency_key)
         if existing is not None:
             return _replay(existing, digest), False
-    instruction, apps = _resolve(session, principal, body, secret_key)
+    instruction, apps = resolve_task(session, principal, body, secret_key)
     task = Task(
         tenant_id=principal.tenant_id,
         world=body.world,
@@ -207,8 +209,21 @@ def get_task(session: Session, principal: Principal, task_id: str) -> Task:
     return task
 
 
-def encode_cursor(task: Task) -> str:
-    return base64.urlsafe_b64encode(f"{task.created_at.isoformat()}|{task.id}".encode()).decode()
+class Paged(Protocol):
+    """A row listed newest first: pages are keyed on its (created_at, id)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def created_at(self) -> datetime: ...
+
+
+P = TypeVar("P", bound=Paged)
+
+
+def encode_cursor(row: Paged) -> str:
+    return base64.urlsafe_b64encode(f"{row.created_at.isoformat()}|{row.id}".encode()).decode()
 
 
 def decode_cursor(cursor: str) -> tuple[datetime, str]:
@@ -219,17 +234,26 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
         raise InvalidRequest("invalid cursor: pass the `next_cursor` of a previous page unchanged") from None
 
 
+def page_start(limit: int, cursor: str | None) -> tuple[datetime, str] | None:
+    """Check a page request; the key its rows come after (None: from the newest)."""
+    if not 1 <= limit <= MAX_PAGE:
+        raise InvalidRequest(f"limit must be between 1 and {MAX_PAGE}")
+    return decode_cursor(cursor) if cursor else None
+
+
+def page_of(rows: list[P], limit: int) -> tuple[list[P], str | None]:
+    """A page from `limit + 1` rows fetched, and the cursor of the next page (None: this is the last)."""
+    page, more = rows[:limit], len(rows) > limit
+    return page, encode_cursor(page[-1]) if more else None
+
+
 def list_tasks(
     session: Session, principal: Principal, status: str | None, limit: int, cursor: str | None
 ) -> tuple[list[Task], str | None]:
     if status is not None and status not in TaskStatus.ALL:
         raise InvalidRequest(f"unknown status {status!r}; one of {', '.join(TaskStatus.ALL)}")
-    if not 1 <= limit <= MAX_PAGE:
-        raise InvalidRequest(f"limit must be between 1 and {MAX_PAGE}")
-    before = decode_cursor(cursor) if cursor else None
-    rows = task_store.list_tasks(session, principal.tenant_id, status, limit + 1, before)
-    page, more = rows[:limit], len(rows) > limit
-    return page, encode_cursor(page[-1]) if more else None
+    before = page_start(limit, cursor)
+    return page_of(task_store.list_tasks(session, principal.tenant_id, status, limit + 1, before), limit)
 
 
 def cancel_task(session: Session, principal: Principal, task_id: str) -> Task:

@@ -271,16 +271,24 @@ class Reward(Base):
 
 
 class Demonstration(Base):
+    """An expert trajectory a client uploaded: the steps (tool calls and what each returned) of one task,
+    for StepAgent and supervised warm starts. `replayed`: its observations are the world's own answers."""
+
     __tablename__ = "demonstrations"
+    __table_args__ = (sa.Index("ix_demonstrations_tenant_created", "tenant_id", "created_at"),)
     id: Mapped[str] = mapped_column(sa.String(36), primary_key=True, default=new_id)
-    tenant_id: Mapped[str | None] = mapped_column(sa.ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
+    # None: the deployment's own (no tenant sees it over the API; training on every tenant's data does)
+    tenant_id: Mapped[str | None] = mapped_column(sa.ForeignKey("tenants.id", ondelete="CASCADE"))
     world: Mapped[str] = mapped_column(sa.String(64))
     task_ref: Mapped[str | None] = mapped_column(sa.String(200))
     instruction: Mapped[str] = mapped_column(sa.Text)
     apps: Mapped[list[Any]]
-    actions: Mapped[list[Any]]  # [{"app", "api", "args", "observation"}]
-    answer: Mapped[str | None] = mapped_column(sa.Text)
-    source: Mapped[str] = mapped_column(sa.String(16))  # oracle | upload | logged | gold
+    seed: Mapped[int] = mapped_column(default=0, server_default="0")  # of a free instruction's world
+    steps: Mapped[list[Any]]  # [{"app", "api", "args", "observation"}]
+    # the steps were run on the task's initial world and `observation` is what each returned; False: checked
+    # against the apps' schemas only (external apps are never called), observations as the client gave them
+    replayed: Mapped[bool] = mapped_column(default=False, server_default=sa.false())
+    meta: Mapped[dict[str, Any]] = mapped_column("metadata", default=dict, server_default="{}")  # the client's
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 

@@ -9,6 +9,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from agentloop.store.models import Episode, Task, TaskStatus, utcnow
+from agentloop.store.paging import Before, newest_first
 
 
 def get_task(session: Session, task_id: str, tenant_id: str | None = None) -> Task | None:
@@ -23,18 +24,12 @@ def get_task_by_idempotency_key(session: Session, tenant_id: str, key: str) -> T
     return session.scalars(sa.select(Task).where(Task.tenant_id == tenant_id, Task.idempotency_key == key)).first()
 
 
-def list_tasks(
-    session: Session, tenant_id: str, status: str | None, limit: int, before: tuple[datetime, str] | None
-) -> list[Task]:
+def list_tasks(session: Session, tenant_id: str, status: str | None, limit: int, before: Before | None) -> list[Task]:
     """Newest first, keyset-paginated on (created_at, id)."""
     stmt = sa.select(Task).where(Task.tenant_id == tenant_id)
     if status:
         stmt = stmt.where(Task.status == status)
-    if before is not None:
-        created, tid = before
-        stmt = stmt.where(sa.or_(Task.created_at < created, sa.and_(Task.created_at == created, Task.id < tid)))
-    stmt = stmt.order_by(Task.created_at.desc(), Task.id.desc()).limit(limit)
-    return list(session.scalars(stmt))
+    return list(session.scalars(newest_first(stmt, Task.created_at, Task.id, before, limit)))
 
 
 def claim_task(session: Session, task_id: str, owner: str, lease_s: float) -> Task | None:
