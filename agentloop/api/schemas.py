@@ -27,7 +27,10 @@ class TaskTarget(Strict):
     instruction: str | None = Field(None, min_length=1, max_length=20_000, description="What the agent should do.")
     world: str = Field("builtin", max_length=64, description="The world whose apps the agent uses.")
     task_ref: str | None = Field(
-        None, min_length=1, max_length=200, description="A task of the world, e.g. `wallet_balance-1`."
+        None,
+        min_length=1,
+        max_length=200,
+        description="A task of the world, e.g. `wallet_balance-1`; `wallet_balance@1234`: a train scenario, new seed.",
     )
     apps: list[str] | None = Field(
         None,

@@ -51,9 +51,10 @@ from agentloop.apps.openapi import (
     parse_document,
 )
 from agentloop.apps.openapi_refs import DocumentLimitExceeded
-from agentloop.apps.registry import UnknownWorld, WorldProvider, get_world
+from agentloop.apps.registry import UnknownWorld, WorldProvider, get_world, why_no_task
 from agentloop.apps.remote_env import EnvironmentFailure
 from agentloop.apps.remote_http import Origin
+from agentloop.apps.tasks import ScenarioSetupError
 from agentloop.apps.world import ALWAYS_AVAILABLE
 from agentloop.learner import adapters
 from agentloop.learner.config import LoopConfig
@@ -103,11 +104,15 @@ def resolve_task(session: Session, principal: Principal, body: TaskTarget, secre
             return _external_task(app, external[1]), [app.name]
         try:
             spec = world.task(body.task_ref)
-        except KeyError:
-            raise InvalidRequest(
-                f"unknown task_ref {body.task_ref!r} in world {body.world!r}; list them with "
-                "`agentloop world tasks` (an external app's tasks are named '<app>:<task>')"
-            ) from None
+        except KeyError as exc:  # the built-in world says why (an unknown id, a procedural ref of a dev scenario...)
+            reason = why_no_task(exc, body.task_ref) or (
+                f"no task {body.task_ref!r} in world {body.world!r}; list them with "
+                f"`agentloop world tasks --world {body.world}`"
+            )
+            hint = "" if "@" in body.task_ref else " (an external app's tasks are named '<app>:<task>')"
+            raise InvalidRequest(f"unknown task_ref: {reason}{hint}") from None
+        except ScenarioSetupError as exc:  # a procedural ref whose seed gives its scenario nothing to work with
+            raise InvalidRequest(f"task_ref {body.task_ref!r} names no task: {exc}; try another seed") from None
         return spec.instruction, list(spec.apps)
     assert body.instruction is not None and body.apps is not None
     registered = {row.name: row for row in app_store.list_apps(session, principal.tenant_id)}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from agentloop.apps.base import AppSpec
 from agentloop.apps.tasks import TaskSpec
@@ -30,8 +30,22 @@ class WorldProvider(Protocol):
     def task_world(self, task_id: str) -> World: ...
 
 
+@runtime_checkable
+class ProceduralWorld(WorldProvider, Protocol):
+    """A world whose train scenarios also take refs `<scenario>@<seed>` (`procedural_ref`): the scenario set
+    up on a world of that seed, which `task` and `task_world` resolve like a listed task (the built-in world)."""
+
+    def procedural_scenarios(self) -> list[str]: ...
+
+
 class UnknownWorld(KeyError):
     pass
+
+
+def why_no_task(exc: KeyError, task_ref: str) -> str:
+    """What a provider's KeyError for `task_ref` says, or "" when it only repeats the ref (a bare lookup)."""
+    reason = str(exc.args[0]) if exc.args else ""
+    return "" if reason == task_ref else reason
 
 
 @lru_cache(maxsize=1)

@@ -133,6 +133,14 @@ def task_seed(task_id: str) -> int:
     return zlib.crc32(task_id.encode()) % 1_000_000
 
 
+SEED_LIMIT = 2**31  # a procedural task's seed: 0 <= seed < SEED_LIMIT (what fits a signed 32-bit column)
+
+
+def procedural_ref(scenario_id: str, seed: int) -> str:
+    """The ref of a scenario set up on a world of its own seed, beside the fixed `<scenario>-<variant>` ids."""
+    return f"{scenario_id}@{seed}"
+
+
 @dataclass
 class OracleRun:
     actions: list[ToolCall]

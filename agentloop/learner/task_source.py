@@ -4,26 +4,30 @@ tasks a registered app offers (`agentloop_tasks`), each episode reset in the app
 
 The same function checks a run before it is queued (the train route, gRPC Train, `agentloop learn`),
 so a run naming an unknown world or app, an app that cannot be reset, or no train tasks is refused
-with nothing stored, and loads the tasks when the learner starts."""
+with nothing stored, and loads the tasks when the learner starts. The built-in world also draws fresh
+train tasks (`TaskSource.fresh`): a train scenario set up on a new seed, the ref `<scenario>@<seed>`."""
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from agentloop.agent.eval_runs import external_tasks, world_tasks
+from agentloop.agent.eval_runs import eval_task, external_tasks, world_tasks
 from agentloop.agent.evaluate import EvalTask
 from agentloop.apps.base import ApiError
 from agentloop.apps.external import ExternalApp, split_task_ref
 from agentloop.apps.openapi import TASKS_OP, AppRegistrationError
-from agentloop.apps.registry import UnknownWorld, WorldProvider, get_world
+from agentloop.apps.registry import ProceduralWorld, UnknownWorld, WorldProvider, get_world, why_no_task
+from agentloop.apps.tasks import SEED_LIMIT, ScenarioSetupError, TaskSpec, procedural_ref
 from agentloop.learner.config import LoopConfig
 from agentloop.store.apps import operation_ids, to_external
 from agentloop.store.models import App
 
 APP_WORLD = "app:{}"  # what an app's rollouts (and `agentloop eval --app` runs) record as their world
+SEED_DRAWS = 8  # seeds tried for a drawn scenario before its setup failing is taken for a broken scenario
 
 
 class TaskSourceError(ValueError):
@@ -43,12 +47,60 @@ class TaskSource:
     app: str | None = None
     tenant_id: str | None = None  # the app's tenant
 
+    @property
+    def provider(self) -> WorldProvider:
+        """The world whose tasks these are (not for an app's source: its tasks are the app's)."""
+        if self.app is not None:
+            raise TaskSourceError(f"task source {self.world!r} is an app's: it has no world provider")
+        return _provider(self.world)
+
+    @property
+    def procedural(self) -> bool:
+        """Whether `fresh` can draw tasks: a world with train scenarios that take `<scenario>@<seed>`."""
+        return self._procedural_world() is not None
+
+    def _procedural_world(self) -> tuple[ProceduralWorld, list[str]] | None:
+        provider = None if self.app is not None else self.provider
+        if not isinstance(provider, ProceduralWorld):
+            return None
+        scenarios = provider.procedural_scenarios()
+        return (provider, scenarios) if scenarios else None
+
+    def fresh(self, rng: random.Random, n: int) -> list[EvalTask]:
+        """`n` new train tasks: each a train scenario picked uniformly with `rng`, set up on a seed drawn from
+        `rng` (ref `<scenario>@<seed>`, with its oracle as `expert`); the same rng state gives the same tasks.
+        Only a source with procedural tasks (`procedural`: the built-in world) has them, else TaskSourceError."""
+        if n < 0:
+            raise ValueError(f"n must be 0 or more, not {n}")
+        found = self._procedural_world()
+        if found is None:
+            raise TaskSourceError(
+                f"task source {self.world!r} has no procedural tasks: only the built-in world sets its train "
+                "scenarios up on fresh seeds; train on the source's listed tasks (turn `procedural` off)"
+            )
+        provider, scenarios = found
+        return [eval_task(provider, _draw(provider, rng.choice(scenarios), rng)) for _ in range(n)]
+
 
 def _provider(name: str) -> WorldProvider:
     try:
         return get_world(name)
     except UnknownWorld as exc:
         raise TaskSourceError(str(exc.args[0])) from None
+
+
+def _draw(provider: ProceduralWorld, scenario: str, rng: random.Random) -> TaskSpec:
+    """`scenario` set up on a seed from `rng`; a seed its setup finds nothing on is drawn again."""
+    failures: list[str] = []
+    for _ in range(SEED_DRAWS):
+        try:
+            return provider.task(procedural_ref(scenario, rng.randrange(SEED_LIMIT)))
+        except ScenarioSetupError as exc:
+            failures.append(str(exc))
+    raise TaskSourceError(
+        f"scenario {scenario!r} of world {provider.name!r} could not be set up on {SEED_DRAWS} seeds in a row, "
+        f"the last: {failures[-1]}"
+    )
 
 
 def find_app(session: Session, name: str, tenant_id: str | None) -> App:
@@ -135,12 +187,18 @@ def rollout_task(
     """One task of a run, as a `rollouts` worker rebuilds it from its job."""
     provider = _provider(world)
     if app is None:
-        found = [t for t in world_tasks(provider, None) if t.task_ref == task_ref]
-    else:
-        own = split_task_ref(task_ref)
-        if own is None or own[0] != app:
-            raise TaskSourceError(f"task {task_ref!r} is not a task of app {app!r}")
-        found = _app_tasks(_external(find_app(session, app, tenant_id), secret_key), provider, [own[1]])
+        try:  # a listed task, or a procedural one (`fresh`) that no listing holds
+            spec = provider.task(task_ref)
+        except KeyError as exc:
+            reason = why_no_task(exc, task_ref)
+            raise TaskSourceError(
+                f"no task {task_ref!r} in world {world!r}" + (f": {reason}" if reason else "")
+            ) from None
+        return eval_task(provider, spec)
+    own = split_task_ref(task_ref)
+    if own is None or own[0] != app:
+        raise TaskSourceError(f"task {task_ref!r} is not a task of app {app!r}")
+    found = _app_tasks(_external(find_app(session, app, tenant_id), secret_key), provider, [own[1]])
     if len(found) != 1:
         raise TaskSourceError(f"no task {task_ref!r} in world {world!r}")
     return found[0]

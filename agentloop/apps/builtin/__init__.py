@@ -5,7 +5,7 @@ from __future__ import annotations
 import pickle
 import random
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import cached_property, lru_cache
 
 from agentloop.apps.base import AppSpec
@@ -14,7 +14,7 @@ from agentloop.apps.builtin.apps import supervisor
 from agentloop.apps.builtin.people import NOW, make_world_data
 from agentloop.apps.builtin.prompt import builtin_prompt
 from agentloop.apps.evaluation import StateEvaluator
-from agentloop.apps.tasks import Scenario, ScenarioSetupError, TaskSpec, task_seed
+from agentloop.apps.tasks import SEED_LIMIT, Scenario, ScenarioSetupError, TaskSpec, procedural_ref, task_seed
 from agentloop.apps.world import ALWAYS_AVAILABLE, World, WorldState, add_login_api
 
 
@@ -30,6 +30,7 @@ APPS: dict[str, AppSpec] = _apps()
 VOLATILE = {name: spec.volatile_fields for name, spec in APPS.items()}
 REDRAWS = 8  # setups tried for a variant before one repeating an earlier variant's instruction is kept
 WORLD_POOL = 24  # tasks start from one of this many generated worlds (plus their own setup)
+PROCEDURAL_CACHE = 512  # procedural tasks kept built (spec and initial state, about 150 kB each)
 
 
 def world_seed(task_id: str) -> int:
@@ -83,8 +84,16 @@ class BuiltinWorld:
 
     @cached_property
     def _scenario_of(self) -> dict[str, Scenario]:
-        """Every task id and its scenario, known without building any world."""
+        """Every fixed task id and its scenario, known without building any world."""
         return {f"{sc.id}-{v}": sc for sc in self.scenarios for v in range(1, sc.variants + 1)}
+
+    @cached_property
+    def _scenario_by_id(self) -> dict[str, Scenario]:
+        return {sc.id: sc for sc in self.scenarios}
+
+    def procedural_scenarios(self) -> list[str]:
+        """The scenarios that also take refs `<scenario>@<seed>`: the train ones (dev and test stay fixed)."""
+        return [sc.id for sc in self.scenarios if sc.split == "train"]
 
     def _build(self, task_id: str) -> tuple[TaskSpec, bytes]:
         """A task and its initial state: its scenario's setup on one of the pooled base worlds."""
@@ -124,31 +133,76 @@ class BuiltinWorld:
         return spec, world
 
     def instance(self, scenario_id: str, seed: int) -> tuple[TaskSpec, World]:
-        """A scenario set up on a world of its own seed (any int), outside the fixed task list: a fresh
-        task of the same kind, with its world in the initial state. Raises ScenarioSetupError."""
-        sc = next((s for s in self.scenarios if s.id == scenario_id), None)
+        """A scenario set up on a world of its own seed (any int, any split), outside the fixed task list: a
+        fresh task of the same kind, with its world in the initial state. Raises ScenarioSetupError."""
+        sc = self._scenario_by_id.get(scenario_id)
         if sc is None:
             raise KeyError(f"unknown built-in scenario {scenario_id!r}")
-        return self._instantiate(sc, f"{sc.id}@{seed}", seed, seed)
+        return self._instantiate(sc, procedural_ref(sc.id, seed), seed, seed)
+
+    def _procedural_scenario(self, task_ref: str) -> tuple[Scenario, int]:
+        """The train scenario and the seed a ref `<scenario>@<seed>` names; a KeyError says what is wrong."""
+        scenario_id, _, seed_text = task_ref.rpartition("@")
+        sc = self._scenario_by_id.get(scenario_id)
+        if sc is None:
+            raise KeyError(
+                f"no built-in scenario {scenario_id!r} (task ref {task_ref!r}); the train scenarios are the ids "
+                "`agentloop world tasks --split train` lists, without their '-<variant>'"
+            )
+        if sc.split != "train":
+            raise KeyError(
+                f"scenario {sc.id!r} is a {sc.split} scenario: only train scenarios take '<scenario>@<seed>' refs, "
+                f"so that dev and test figures stay comparable; its tasks are {sc.id}-1 to {sc.id}-{sc.variants}"
+            )
+        # one spelling per seed: the ref is the task's id, so "x@07" must not be a second name of "x@7"
+        canonical = seed_text.isascii() and seed_text.isdigit() and str(int(seed_text)) == seed_text
+        if not canonical or int(seed_text) >= SEED_LIMIT:
+            raise KeyError(
+                f"bad seed {seed_text!r} in task ref {task_ref!r}: a seed is a whole number from 0 to "
+                f"{SEED_LIMIT - 1}, written without sign or leading zeros"
+            )
+        return sc, int(seed_text)
+
+    def _build_procedural(self, task_ref: str) -> tuple[TaskSpec, bytes]:
+        sc, seed = self._procedural_scenario(task_ref)
+        spec, world = self._instantiate(sc, task_ref, seed, seed)
+        return spec, world.snapshot()
 
     @cached_property
     def _built(self) -> dict[str, tuple[TaskSpec, bytes]]:
         return {}
 
+    @cached_property
+    def _procedural(self) -> Callable[[str], tuple[TaskSpec, bytes]]:
+        """Procedural tasks built so far, the least recently used dropped: their seeds are unbounded."""
+        return lru_cache(maxsize=PROCEDURAL_CACHE)(self._build_procedural)
+
+    def _lookup(self, task_id: str) -> tuple[TaskSpec, bytes]:
+        """A fixed task `<scenario>-<variant>` or a procedural one `<scenario>@<seed>`, and its initial state."""
+        if task_id in self._scenario_of:
+            return self._build(task_id)
+        if "@" in task_id:
+            return self._procedural(task_id)
+        raise KeyError(
+            f"no built-in task {task_id!r}: tasks are '<scenario>-<variant>' (`agentloop world tasks` lists "
+            "them), and a train scenario also takes '<scenario>@<seed>'"
+        )
+
     def task_ids(self, split: str | None = None) -> list[str]:
+        """The fixed task ids (procedural refs are not listed: every train scenario takes any seed)."""
         return [tid for tid, sc in self._scenario_of.items() if split is None or sc.split == split]
 
     def tasks(self, split: str | None = None) -> list[TaskSpec]:
         return [self._build(tid)[0] for tid in self.task_ids(split)]
 
     def task(self, task_id: str) -> TaskSpec:
-        if task_id not in self._scenario_of:
-            raise KeyError(f"unknown built-in task {task_id!r}")
-        return self._build(task_id)[0]
+        """A fixed task or a procedural one (train scenarios only); KeyError says why a ref names none.
+        A procedural ref whose setup finds nothing on its seed raises ScenarioSetupError."""
+        return self._lookup(task_id)[0]
 
     def task_world(self, task_id: str) -> World:
         """A fresh world in the task's initial state."""
-        spec, snap = self._build(task_id)
+        spec, snap = self._lookup(task_id)
         return World.from_snapshot(self.name, spec.seed, NOW, APPS, _visible(spec.apps), snap, builtin_prompt)
 
 
