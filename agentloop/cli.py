@@ -508,7 +508,13 @@ def _cuda() -> bool:
 
 
 def _learn_run(
-    settings: Settings, resume: str | None, algo: str, iterations: int, overrides: dict[str, object], tenant: str | None
+    settings: Settings,
+    resume: str | None,
+    algo: str,
+    iterations: int,
+    overrides: dict[str, object],
+    tenant: str | None,
+    recipe: str | None = None,
 ) -> str:
     """The run to train: the one to resume (failed, cancelled, or lost with its lease expired), or a new one,
     checked first (its world, or its app: `tenant`'s, by name, when several tenants registered that name)."""
@@ -539,7 +545,10 @@ def _learn_run(
             run_id = run.id
         else:
             try:
-                config = LoopConfig.for_algo(algo, iterations=iterations, **overrides)
+                if recipe is not None:
+                    config = LoopConfig.for_recipe(recipe, **overrides)
+                else:
+                    config = LoopConfig.for_algo(algo, iterations=iterations, **overrides)
             except (TypeError, ValueError) as exc:
                 raise typer.BadParameter(str(exc)) from None
             tenant_id = None
@@ -557,7 +566,7 @@ def _learn_run(
                 typer.echo(f"cannot start training: {exc}", err=True)
                 raise typer.Exit(1) from None
             run = TrainingRun(
-                algo=algo,
+                algo="+".join(config.algos()) if config.phases else config.algo,
                 status="queued",
                 trigger=CLI_TRIGGER,
                 tenant_id=source.tenant_id,  # a run on an app is its tenant's
@@ -572,8 +581,13 @@ def _learn_run(
 
 @app.command()
 def learn(
-    algo: str = typer.Option("loop", help="loop, grpo or reinforce."),
-    iterations: int = typer.Option(1, min=1, help="Iterations to run."),
+    algo: str = typer.Option(
+        "loop", help="sft, stepagent-implicit, stepagent-irl, loop, loop+step, grpo or reinforce (docs/learning.md)."
+    ),
+    recipe: str = typer.Option(
+        None, help="A recipe instead of --algo: `default` runs sft, then stepagent-implicit, then loop+step."
+    ),
+    iterations: int = typer.Option(1, min=1, help="Iterations to run (a recipe's phases say their own)."),
     tasks_per_iteration: int = typer.Option(None, min=1, help="N tasks per iteration (default 40)."),
     rollouts_per_task: int = typer.Option(None, min=1, help="K rollouts per task (default 6)."),
     max_turns: int = typer.Option(None, min=1, help="Turn limit of a rollout (default 40)."),
@@ -628,7 +642,7 @@ def learn(
             overrides[key] = value
     run_id = None
     if state.is_main_process:
-        run_id = _learn_run(settings, resume, algo, iterations, overrides, tenant)
+        run_id = _learn_run(settings, resume, algo, iterations, overrides, tenant, recipe)
     if state.num_processes > 1:
         from accelerate.utils import broadcast_object_list
 

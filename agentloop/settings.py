@@ -95,8 +95,15 @@ class Settings(BaseSettings):
         "task, or client feedback) exist since the last run; 0: off.",
     )
     train_check_interval_s: float = Field(60.0, description="How often beat checks the two triggers above.")
-    train_algo: Literal["loop", "grpo", "reinforce"] = Field("loop", description="Update rule of scheduled runs.")
-    train_iterations: int = Field(1, description="Iterations of a scheduled run.")
+    train_algo: Literal["sft", "stepagent-implicit", "stepagent-irl", "loop", "loop+step", "grpo", "reinforce"] = Field(
+        "loop", description="Algorithm of scheduled runs when train_recipe is empty."
+    )
+    train_recipe: str = Field(
+        "default",
+        description="Recipe of scheduled runs (phases algo:iterations, see docs/learning.md); empty: train_algo "
+        "for train_iterations.",
+    )
+    train_iterations: int = Field(1, description="Iterations of a scheduled run without a recipe.")
     train_config: dict[str, Any] = Field(
         {},
         description='Training options of scheduled runs as JSON, e.g. `{"tasks_per_iteration": 8}`.',

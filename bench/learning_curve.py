@@ -168,7 +168,8 @@ def dev_point(trainer: LoopTrainer) -> dict[str, float]:
 
 def prepare_start(args: argparse.Namespace, tmp: Path, model_dir: Path) -> tuple[Path, dict[str, Any]]:
     """The adapter every algorithm starts from, saved to disk, and its dev figures (and the base model's)."""
-    from agentloop.learner.sft import expert_rollouts, supervised_steps
+    from agentloop.learner.experts import expert_rollouts
+    from agentloop.learner.sft import supervised_steps
 
     load_at_start = round(os.getloadavg()[0], 2)
     settings = use_home(tmp / "start", model_dir)

@@ -204,8 +204,15 @@ class ErrorBody(BaseModel):
 class TrainCreate(Strict):
     """Start a training run now."""
 
-    algo: Literal["loop", "grpo", "reinforce"] = Field("loop", description="The update rule.")
-    iterations: int = Field(1, ge=1, le=1000, description="Iterations to run.")
+    algo: Literal["sft", "stepagent-implicit", "stepagent-irl", "loop", "loop+step", "grpo", "reinforce"] = Field(
+        "loop", description="The algorithm (docs/learning.md)."
+    )
+    recipe: str | None = Field(
+        None,
+        description="A recipe instead of one algorithm: its phases run in order, each iteration gated on dev "
+        "(`default`: sft, then stepagent-implicit, then loop+step).",
+    )
+    iterations: int = Field(1, ge=1, le=1000, description="Iterations to run (a recipe's phases say their own).")
     config: dict[str, Any] = Field(
         default_factory=dict,
         description="Overrides of the training config (e.g. tasks_per_iteration, lr; world, or app: the name of one "

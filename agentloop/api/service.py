@@ -420,7 +420,10 @@ def start_training(
     run that could not train."""
     principal.require_admin()
     try:
-        config = LoopConfig.for_algo(body.algo, iterations=body.iterations, **body.config)
+        if body.recipe is not None:
+            config = LoopConfig.for_recipe(body.recipe, **body.config)
+        else:
+            config = LoopConfig.for_algo(body.algo, iterations=body.iterations, **body.config)
     except (TypeError, ValueError) as exc:
         raise InvalidRequest(str(exc)) from None
     try:
@@ -430,7 +433,7 @@ def start_training(
     except TaskSourceUnavailable as exc:
         raise Unavailable(str(exc)) from None
     run = TrainingRun(
-        algo=body.algo,
+        algo="+".join(config.algos()) if config.phases else config.algo,
         status=TrainingRunStatus.QUEUED,
         trigger=trigger,
         tenant_id=principal.tenant_id,

@@ -5,16 +5,29 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
-Algo = Literal["loop", "grpo", "reinforce"]
-ALGOS = ("loop", "grpo", "reinforce")
+Algo = Literal["sft", "stepagent-implicit", "stepagent-irl", "loop", "loop+step", "grpo", "reinforce"]
+ALGOS = ("sft", "stepagent-implicit", "stepagent-irl", "loop", "loop+step", "grpo", "reinforce")
+RL_ALGOS = ("loop", "loop+step", "grpo", "reinforce")  # rollouts of the agent's own, scored by the world
+EXPERT_ALGOS = ("sft", "stepagent-implicit", "stepagent-irl", "loop+step")  # these need expert trajectories
+
+# `--recipe default`: a supervised warm start on the experts, StepAgent cycles, then LOOP with step rewards;
+# every iteration's candidate is gated on dev as any other
+RECIPES: dict[str, tuple[str, ...]] = {"default": ("sft:2", "stepagent-implicit:3", "loop+step:3")}
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 @dataclass
 class LoopConfig:
-    algo: Algo = field(default="loop", metadata={"help": "loop | grpo (std-normalised group advantage) | reinforce"})
+    algo: Algo = field(
+        default="loop",
+        metadata={"help": "sft | stepagent-implicit | stepagent-irl | loop | loop+step | grpo | reinforce"},
+    )
     iterations: int = field(default=1, metadata={"help": "training iterations to run"})
+    phases: tuple[str, ...] = field(
+        default=(),
+        metadata={"help": "algo:iterations run in order (a recipe); empty: `algo` for `iterations`"},
+    )
     tasks_per_iteration: int = field(default=40, metadata={"help": "N: tasks sampled per iteration"})
     rollouts_per_task: int = field(default=6, metadata={"help": "K: rollouts per task, same initial state"})
     splits: tuple[str, ...] = field(
@@ -26,6 +39,10 @@ class LoopConfig:
     app: str | None = field(
         default=None,
         metadata={"help": "a registered resettable app whose tasks (of `splits`) are sampled instead of the world's"},
+    )
+    procedural: bool = field(
+        default=True,
+        metadata={"help": "built-in world: draw train tasks as fresh <scenario>@<seed> instances, not the fixed list"},
     )
     replay_logged: bool = field(default=True, metadata={"help": "also train on episodes clients ran"})
     logged_per_iteration: int = field(default=40, metadata={"help": "most logged episodes used per iteration"})
@@ -44,7 +61,9 @@ class LoopConfig:
     epochs: int = field(default=2, metadata={"help": "passes over the iteration's rollouts"})
     minibatch_size: int = field(default=32, metadata={"help": "rollouts per optimizer step"})
     micro_batch_size: int = field(default=4, metadata={"help": "rollouts per forward/backward (accumulation)"})
-    lr: float = field(default=5e-5, metadata={"help": "AdamW learning rate (constant)"})
+    lr: float = field(default=5e-5, metadata={"help": "AdamW learning rate (constant) of RL phases"})
+    sft_lr: float = field(default=1e-4, metadata={"help": "learning rate of sft phases"})
+    stepagent_lr: float = field(default=5e-5, metadata={"help": "learning rate of stepagent phases"})
     weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay"})
     clip_eps: float = field(default=0.1, metadata={"help": "PPO clip epsilon: ratio kept in [1/(1+e), 1+e]"})
     ratio_level: Literal["token", "turn", "trajectory"] = field(
@@ -60,6 +79,30 @@ class LoopConfig:
     logprob_chunk: int = field(default=512, metadata={"help": "positions per log-prob chunk"})
     recompute_old_logprobs: Literal["auto", "always", "never"] = field(
         default="auto", metadata={"help": "recompute pi_old with the learner (auto: unless sampled by it)"}
+    )
+    # --- experts: supervised steps and StepAgent
+    experts_per_iteration: int = field(
+        default=16, metadata={"help": "expert trajectories drawn per iteration (oracles, demonstrations, logged)"}
+    )
+    expert_sources: tuple[str, ...] = field(
+        default=("oracle", "demonstrations", "logged"),
+        metadata={"help": "where experts come from: oracle solutions, uploaded demonstrations, successful episodes"},
+    )
+    sft_steps: int = field(default=16, metadata={"help": "sft: optimizer steps per iteration"})
+    sft_batch_size: int = field(
+        default=4, metadata={"help": "expert trajectories (sft) or inspected prefixes (stepagent-implicit) per step"}
+    )
+    micro_tokens: int = field(default=4096, metadata={"help": "padded tokens per forward/backward (accumulation)"})
+    inspect_prefixes: int = field(default=24, metadata={"help": "stepagent: expert prefixes inspected per iteration"})
+    inspect_samples: int = field(default=4, metadata={"help": "stepagent: M agent actions sampled per prefix"})
+    inspect_temperature: float = field(default=1.0, metadata={"help": "stepagent: temperature of those samples"})
+    dpo_beta: float = field(default=0.1, metadata={"help": "stepagent-implicit: beta of the step-level DPO"})
+    dpo_anchor: float = field(default=1.0, metadata={"help": "stepagent-implicit: weight of the SFT anchor"})
+    disc_lr: float = field(default=1e-3, metadata={"help": "stepagent-irl: the discriminator's learning rate"})
+    disc_steps: int = field(default=50, metadata={"help": "stepagent-irl: discriminator steps per iteration"})
+    step_omega: float = field(default=0.5, metadata={"help": "loop+step: A_t = A_trajectory + omega * A_step"})
+    agreement_prefixes: int = field(
+        default=0, metadata={"help": "dev oracle prefixes on which expert-action agreement is measured (0: off)"}
     )
     # --- LoRA
     lora_r: int = field(default=16, metadata={"help": "LoRA rank"})
@@ -84,12 +127,23 @@ class LoopConfig:
     def __post_init__(self) -> None:
         self.splits = tuple(self.splits)
         self.lora_targets = tuple(self.lora_targets)
+        self.expert_sources = tuple(self.expert_sources)
+        self.phases = tuple(self.phases)
         problems = []
+        for phase in self.phases:
+            algo, _, n = phase.partition(":")
+            if algo not in ALGOS or not n.isdigit() or int(n) < 1:
+                problems.append(f"phase {phase!r} must be <algo>:<iterations>, algo one of {', '.join(ALGOS)}")
+        if self.phases and not problems:
+            self.iterations = sum(int(p.partition(":")[2]) for p in self.phases)
+        unknown_sources = sorted(set(self.expert_sources) - {"oracle", "demonstrations", "logged"})
+        if unknown_sources:
+            problems.append(f"unknown expert source(s) {', '.join(unknown_sources)}: oracle, demonstrations, logged")
         if self.min_rollouts_per_task is None:
             self.min_rollouts_per_task = min(4, self.rollouts_per_task)
         if self.algo not in ALGOS:
             problems.append(f"algo must be one of {', '.join(ALGOS)}")
-        if self.rollouts_per_task < 2 and self.algo != "reinforce":
+        if self.rollouts_per_task < 2 and self.algo in RL_ALGOS and self.algo != "reinforce":
             problems.append("rollouts_per_task must be >= 2: the leave-one-out baseline needs other rollouts")
         if self.min_rollouts_per_task > self.rollouts_per_task:
             problems.append("min_rollouts_per_task cannot exceed rollouts_per_task")
@@ -107,17 +161,48 @@ class LoopConfig:
             "max_new_tokens",
             "lora_r",
             "logprob_chunk",
+            "experts_per_iteration",
+            "sft_steps",
+            "sft_batch_size",
+            "inspect_prefixes",
+            "inspect_samples",
+            "micro_tokens",
         ):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1")
-        if self.lr <= 0 or self.clip_eps <= 0:
-            problems.append("lr and clip_eps must be > 0")
+        if min(self.lr, self.sft_lr, self.stepagent_lr, self.clip_eps, self.dpo_beta, self.disc_lr) <= 0:
+            problems.append("lr, sft_lr, stepagent_lr, clip_eps, dpo_beta and disc_lr must be > 0")
+        if self.dpo_anchor < 0 or self.step_omega < 0 or self.agreement_prefixes < 0:
+            problems.append("dpo_anchor, step_omega and agreement_prefixes must be >= 0")
         if self.temperature != 1.0 and self.recompute_old_logprobs == "never":
             problems.append("rollouts sampled at temperature != 1 need recompute_old_logprobs='auto' or 'always'")
         if self.app is not None and (not isinstance(self.app, str) or not self.app):
             problems.append("app must be the name of a registered app")
         if problems:
             raise ValueError("invalid training config: " + "; ".join(problems))
+
+    def algo_at(self, iteration: int) -> str:
+        """The algorithm iteration `iteration` (from 0) runs: its phase's, or `algo`."""
+        for phase in self.phases:
+            algo, _, n = phase.partition(":")
+            if iteration < int(n):
+                return algo
+            iteration -= int(n)
+        return self.phases[-1].partition(":")[0] if self.phases else self.algo
+
+    def phase_lr(self, algo: str) -> float:
+        return {"sft": self.sft_lr, "stepagent-implicit": self.stepagent_lr, "stepagent-irl": self.stepagent_lr}.get(
+            algo, self.lr
+        )
+
+    def algos(self) -> tuple[str, ...]:
+        return tuple(p.partition(":")[0] for p in self.phases) if self.phases else (self.algo,)
+
+    @classmethod
+    def for_recipe(cls, recipe: str, **overrides: Any) -> LoopConfig:
+        if recipe not in RECIPES:
+            raise ValueError(f"unknown recipe {recipe!r}; known: {', '.join(RECIPES)}")
+        return cls.for_algo(RECIPES[recipe][0].partition(":")[0], phases=RECIPES[recipe], **overrides)
 
     @classmethod
     def for_algo(cls, algo: str, **overrides: Any) -> LoopConfig:
@@ -134,4 +219,6 @@ class LoopConfig:
         data = asdict(self)
         data["splits"] = list(self.splits)
         data["lora_targets"] = list(self.lora_targets)
+        data["expert_sources"] = list(self.expert_sources)
+        data["phases"] = list(self.phases)
         return data

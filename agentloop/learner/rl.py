@@ -20,40 +20,62 @@ import sqlalchemy as sa
 import torch
 
 from agentloop.agent.evaluate import EvalTask
+from agentloop.apps.tasks import ToolCall
 from agentloop.learner import rollouts
 from agentloop.learner.checkpoint import write_atomically
 from agentloop.learner.config import LoopConfig
 from agentloop.learner.logged import Logged, feedback_advantages, logged_episodes
 from agentloop.learner.loop import trajectory_advantages
+from agentloop.learner.stepagent import combined_advantages, turn_rewards, turn_step_advantages
 from agentloop.learner.trainer import Trainer
 from agentloop.learner.update import compute_logprobs, sampler_gap, update
 from agentloop.store.db import session_scope
 from agentloop.store.models import TrainingRun
 
+Advantage = float | list[float]  # one per rollout, or one per turn (loop+step)
 
-def advantages_for(groups: list[list[rollouts.Rollout]], config: LoopConfig) -> list[tuple[rollouts.Rollout, float]]:
-    """Each rollout with its advantage; rollouts with |A| < threshold are dropped. Groups may be ragged
-    (stragglers dropped): each is handled on its own."""
-    advantages = trajectory_advantages([[r.reward for r in g] for g in groups], config.algo, config.std_normalise)
-    return [
-        (r, a)
-        for group, advs in zip(groups, advantages, strict=True)
-        if advs is not None
-        for r, a in zip(group, advs, strict=True)
-        if abs(a) >= config.adv_threshold
-    ]
+
+def advantages_for(
+    groups: list[list[rollouts.Rollout]],
+    config: LoopConfig,
+    algo: str | None = None,
+    experts: Sequence[Sequence[ToolCall] | None] | None = None,
+) -> list[tuple[rollouts.Rollout, Advantage]]:
+    """Each rollout with its advantage; rollouts with |A| < threshold (at every turn) are dropped. Groups
+    may be ragged (stragglers dropped): each is handled on its own. loop+step, with the expert calls of each
+    group's task (`experts`): A_t = A_trajectory + omega * A_step,t at each turn (stepagent.py)."""
+    algo = algo or config.algo
+    base = "loop" if algo == "loop+step" else algo
+    advantages = trajectory_advantages([[r.reward for r in g] for g in groups], base, config.std_normalise)
+    kept: list[tuple[rollouts.Rollout, Advantage]] = []
+    for k, (group, advs) in enumerate(zip(groups, advantages, strict=True)):
+        if advs is None:
+            continue
+        expert = experts[k] if algo == "loop+step" and experts is not None else None
+        if expert is None or any(r.actions is None for r in group):
+            kept += [(r, a) for r, a in zip(group, advs, strict=True) if abs(a) >= config.adv_threshold]
+            continue
+        steps = turn_step_advantages([turn_rewards(r.actions or [], expert) for r in group])
+        for r, a, step in zip(group, advs, steps, strict=True):
+            per_turn = combined_advantages(a, step, config.step_omega)
+            if any(abs(x) >= config.adv_threshold for x in per_turn):
+                kept.append((r, per_turn))
+    return kept
 
 
 class LoopTrainer(Trainer):
     """LOOP (and GRPO, REINFORCE): rollouts of the current weights, scored by the world's evaluator."""
 
     def prepare(self) -> None:
+        super().prepare()
         self.logged_used: set[str] = set()
+        self.sampled: dict[str, EvalTask] = {}  # the iteration's tasks by ref (their experts, for loop+step)
 
     def checkpoint_extra(self) -> dict[str, Any]:
-        return {"logged_used": sorted(self.logged_used)}
+        return {**super().checkpoint_extra(), "logged_used": sorted(self.logged_used)}
 
     def restore(self, state: dict[str, Any]) -> None:
+        super().restore(state)
         self.logged_used = set(state.get("logged_used", []))
 
     def logged_episodes(self) -> list[Logged]:
@@ -83,9 +105,13 @@ class LoopTrainer(Trainer):
         """K rollouts of each sampled train task, and of each task of a replayed client episode (`replay`:
         one task_ref per episode; `feedback_only`: client episodes used without rollouts, for the plan)."""
         c = self.config
-        sampled = _distinct(rollouts.sample_tasks(self.train_tasks, c.tasks_per_iteration, self.rng))
+        if c.procedural and self.source.procedural:
+            sampled = _distinct(self.source.fresh(self.rng, c.tasks_per_iteration))
+        else:
+            sampled = _distinct(rollouts.sample_tasks(self.train_tasks, c.tasks_per_iteration, self.rng))
         by_ref = {t.task_ref: t for t in self.train_tasks}
         tasks = _distinct(sampled + [by_ref[ref] for ref in replay])
+        self.sampled = {t.task_ref: t for t in tasks}
         total = len(tasks) * c.rollouts_per_task
         plan = rollout_plan(len(sampled), len(tasks) - len(sampled), c.rollouts_per_task, len(replay), feedback_only)
         done = [0]
@@ -207,14 +233,15 @@ class LoopTrainer(Trainer):
             by_task.setdefault(item.rollout.task_ref, []).append(item.rollout)
         return logged, by_task
 
-    def iteration(self, i: int) -> dict[str, Any]:
+    def rl_iteration(self, i: int, algo: str) -> dict[str, Any]:
         c = self.config
         t0 = time.perf_counter()
         logged, by_task = self.samples(i)
         self.safe_point(f"in iteration {i}, after its rollouts")
         replayed = [item for item in logged if item.replayable]
         every = [r for g in by_task.values() for r in g]
-        kept = advantages_for(list(by_task.values()), c)
+        experts = [self.expert_calls(ref) for ref in by_task] if algo == "loop+step" else None
+        kept: list[tuple[rollouts.Rollout, Advantage]] = advantages_for(list(by_task.values()), c, algo, experts)
         kept += [(r, a) for r, a in feedback_advantages(logged, c.feedback_baseline_min) if abs(a) >= c.adv_threshold]
         self.logged_used |= {item.rollout.episode_id for item in logged if item.rollout.episode_id}
         metrics: dict[str, Any] = {
@@ -227,7 +254,10 @@ class LoopTrainer(Trainer):
             "logged/feedback_only": len(logged) - len(replayed),
             "logged/feedback_used": sum(1 for item in logged if item.reward_source == "client"),
             "perf/rollout_s": time.perf_counter() - t0,
+            "updated": float(bool(kept)),
         }
+        if experts is not None:
+            metrics["step/tasks_with_expert"] = float(sum(e is not None for e in experts))
         if kept:
             batch = [r for r, _ in kept]
             advs = [a for _, a in kept]
@@ -248,6 +278,7 @@ class LoopTrainer(Trainer):
                     self.rng,
                     reference=self.model if c.kl_coef > 0 else None,
                     between_steps=lambda step: self.safe_point(f"in iteration {i}, after update step {step}"),
+                    algo=algo,
                 )
             )
             self.policy.clear_cache()
@@ -261,11 +292,14 @@ class LoopTrainer(Trainer):
                     "perf/peak_mem_mb": 0.0,
                 }
             )
-        if c.promote and kept:
-            self.safe_point(f"in iteration {i}, before saving its adapter")
-            if self.accelerator.is_main_process:  # no update, no new version
-                metrics.update(self.save_and_gate(i))
         return metrics
+
+    def expert_calls(self, task_ref: str) -> list[ToolCall] | None:
+        """The expert's calls for a sampled task (its oracle), for loop+step's step rewards."""
+        task = self.sampled.get(task_ref)
+        if task is None or task.expert is None:
+            return None
+        return task.expert()
 
     def old_logprobs(self, batch: list[rollouts.Rollout], others: set[int]) -> tuple[list[torch.Tensor] | None, float]:
         """pi_old for the update and the measured sampler/learner gap. None: the sampler's numbers.

@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session
 
 from agentloop.agent.episode import Limits
 from agentloop.agent.evaluate import EpisodeResult, EvalTask, run_eval
+from agentloop.apps.tasks import ToolCall
 from agentloop.policy.base import Policy
 from agentloop.store import episodes as episode_store
 from agentloop.store.models import Episode as EpisodeRow
@@ -40,6 +41,7 @@ class Rollout:
     reward: float
     success: bool
     episode_id: str | None = None
+    actions: list[ToolCall | None] | None = None  # each turn's parsed call (None: none parsed); where known
 
     @property
     def agent_tokens(self) -> int:
@@ -77,7 +79,14 @@ def build_rollout(
             mask += [0] * len(obs)
             turn_ids += [-1] * len(obs)
             logps += [0.0] * len(obs)
-    return Rollout(task_ref, ids, mask, turn_ids, logps, reward, success, episode_id)
+    actions = [_call(getattr(turn, "action", None)) for turn in turns]
+    return Rollout(task_ref, ids, mask, turn_ids, logps, reward, success, episode_id, actions)
+
+
+def _call(action: Any) -> ToolCall | None:
+    if not isinstance(action, dict) or not {"app", "api"} <= set(action):
+        return None
+    return ToolCall(str(action["app"]), str(action["api"]), dict(action.get("args") or {}))
 
 
 def from_result(result: EpisodeResult, episode_id: str | None = None) -> Rollout:

@@ -13,6 +13,9 @@ import torch
 
 from agentloop import events
 from agentloop.learner.config import LoopConfig
+from agentloop.learner.rl import LoopTrainer
+from agentloop.learner.sft import SftTrainer
+from agentloop.learner.stepagent_trainer import StepAgentTrainer
 from agentloop.learner.trainer import Cancellation, Report, RunStopped, Trainer
 from agentloop.settings import Settings
 from agentloop.store import training_runs
@@ -22,11 +25,13 @@ from agentloop.store.models import TrainingRun, TrainingRunStatus
 log = logging.getLogger(__name__)
 
 
-def trainer_for(config: LoopConfig) -> type[Trainer]:
-    """The sibling that runs the config's algorithm."""
-    from agentloop.learner.rl import LoopTrainer
+class AgentTrainer(LoopTrainer, SftTrainer, StepAgentTrainer):
+    """Every algorithm's iteration over the shared phases: what a run uses, so that a recipe's phases
+    (sft, then stepagent, then loop+step) run in one run on one model and optimizer."""
 
-    return LoopTrainer
+
+def trainer_for(config: LoopConfig) -> type[Trainer]:
+    return AgentTrainer
 
 
 class RunHeartbeat(threading.Thread):

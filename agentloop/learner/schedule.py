@@ -57,7 +57,10 @@ def maybe_start_training(settings: Settings, now: datetime | None = None) -> str
 
     if settings.train_every_s <= 0 and settings.train_min_new_episodes <= 0:
         return None
-    config = LoopConfig.for_algo(settings.train_algo, iterations=settings.train_iterations, **settings.train_config)
+    if settings.train_recipe:
+        config = LoopConfig.for_recipe(settings.train_recipe, **settings.train_config)
+    else:
+        config = LoopConfig.for_algo(settings.train_algo, iterations=settings.train_iterations, **settings.train_config)
     with session_scope() as s:
         reason = due(s, settings, now or utcnow())
         if reason is None:
@@ -68,7 +71,7 @@ def maybe_start_training(settings: Settings, now: datetime | None = None) -> str
             log.error("training is due (%s) but AGENTLOOP_TRAIN_CONFIG cannot train: %s", reason, exc)
             return None
         run = TrainingRun(
-            algo=config.algo,
+            algo="+".join(config.algos()) if config.phases else config.algo,
             status=TrainingRunStatus.QUEUED,
             trigger=f"schedule:{reason}",
             tenant_id=source.tenant_id,  # a run on an app is its tenant's

@@ -1,39 +1,21 @@
-"""Supervised warm start: maximise the log-likelihood of expert turns (the oracle episodes of the train
-split, uploaded demonstrations) with the agent-token mask — the usual starting point before LOOP, and
-StepAgent's."""
+"""Supervised steps: maximise the log-likelihood of expert turns (oracle solutions, uploaded
+demonstrations, successful client episodes: experts.py) with the agent-token mask — the usual starting
+point before LOOP, and StepAgent's. `SftTrainer` is the `sft` algorithm: each iteration draws fresh
+experts and makes `sft_steps` optimizer steps on them."""
 
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
-from agentloop.agent.episode import Episode, Limits, run_episodes
-from agentloop.agent.evaluate import EvalTask
-from agentloop.agent.prompt import ChatFormat
 from agentloop.learner.loop import sequence_logprobs
-from agentloop.learner.rollouts import Rollout, build_rollout
+from agentloop.learner.rollouts import Rollout
+from agentloop.learner.trainer import Trainer
 from agentloop.learner.update import collate
-from agentloop.policy.scripted import ScriptedPolicy
-
-
-def expert_rollouts(tokenizer: Any, tasks: Sequence[EvalTask], limits: Limits) -> list[Rollout]:
-    """Each task's oracle solution played through the real episode loop: exact token sequences."""
-    policy = ScriptedPolicy(tokenizer, name="oracle")
-    fmt = ChatFormat(tokenizer)
-    episodes = []
-    for i, task in enumerate(tasks):
-        if task.expert is None:
-            continue
-        world, _ = task.start()
-        key = f"{task.task_ref}#{i}"  # a task may appear several times (e.g. with other demonstrations)
-        ep = Episode(world, fmt, task.instruction, limits, key=key)
-        policy.plan_actions(key, task.expert())
-        episodes.append((task, ep))
-    run_episodes(policy, [ep for _, ep in episodes])
-    return [build_rollout(t.task_ref, ep.prompt_token_ids, ep.turns, 1.0, True) for t, ep in episodes]
 
 
 def supervised_steps(
@@ -46,14 +28,17 @@ def supervised_steps(
     seed: int = 0,
     chunk: int = 512,
     micro_tokens: int = 4096,
+    optimizer: torch.optim.Optimizer | None = None,
+    between_steps: Callable[[int], None] | None = None,
 ) -> list[float]:
-    """`steps` AdamW steps of -mean log p(agent tokens); returns the loss of each step.
+    """`steps` AdamW steps of -mean log p(agent tokens); returns the loss of each step. `optimizer`: the
+    caller's (a run's, checkpointed with it), else a fresh AdamW at `lr`; `between_steps(n)` after each.
 
     A step's sequences go through the model in micro-batches of at most `micro_tokens` padded tokens
     (one sequence alone when it is longer), gradients accumulated: activations, not the batch size,
     bound memory (a whole oracle episode is thousands of tokens)."""
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    optimizer = optimizer or torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     rng = random.Random(seed)
     device = next(model.parameters()).device
     losses = []
@@ -73,6 +58,8 @@ def supervised_steps(
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
         losses.append(total)
+        if between_steps is not None:
+            between_steps(len(losses))
     model.eval()
     return losses
 
@@ -86,3 +73,46 @@ def _micro_batches(rollouts: Sequence[Rollout], micro_tokens: int) -> list[list[
         else:
             groups.append([r])
     return groups
+
+
+class SftTrainer(Trainer):
+    """sft: supervised steps on experts drawn fresh each iteration (oracles of procedural train tasks,
+    demonstrations, successful client episodes)."""
+
+    def sft_iteration(self, i: int, algo: str) -> dict[str, Any]:
+        c = self.config
+        t0 = time.perf_counter()
+        self.report({"phase": "experts", "iteration": i})
+        rollouts, counts = self.expert_batch(i)
+        self.safe_point(f"in iteration {i}, after drawing its experts")
+        if not rollouts:
+            return {"iteration": i, "experts": 0.0, **counts}
+        self.report({"phase": "updating", "iteration": i, "experts": len(rollouts), "steps": c.sft_steps})
+        t1 = time.perf_counter()
+        losses = supervised_steps(
+            self.model,
+            rollouts,
+            self.pad_id,
+            c.sft_steps,
+            c.lr,
+            batch_size=c.sft_batch_size,
+            seed=self.rng.randrange(2**31),
+            chunk=c.logprob_chunk,
+            micro_tokens=c.micro_tokens,
+            optimizer=self.optimizer,
+            between_steps=lambda n: self.safe_point(f"in iteration {i}, after supervised step {n}"),
+        )
+        self.policy.clear_cache()
+        tokens = sum(len(r.token_ids) for r in rollouts) * c.sft_steps * c.sft_batch_size / len(rollouts)
+        update_s = time.perf_counter() - t1
+        return {
+            "iteration": i,
+            "loss/sft": sum(losses) / len(losses),
+            "loss/sft_last": losses[-1],
+            "experts": float(len(rollouts)),
+            **counts,
+            "perf/expert_s": t1 - t0,
+            "perf/update_s": update_s,
+            "perf/tokens_per_s": tokens / update_s if update_s > 0 else 0.0,
+            "updated": 1.0,
+        }

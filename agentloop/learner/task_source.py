@@ -156,7 +156,8 @@ def load_source(session: Session, config: LoopConfig, tenant_id: str | None, sec
 
     if config.app is None:
         train = [t for split in config.splits for t in world_split(split)]
-        dev = world_split(config.dev_split, config.dev_limit) if config.promote else []
+        measured = config.promote or config.agreement_prefixes > 0  # agreement is measured at dev oracle prefixes
+        dev = world_split(config.dev_split, config.dev_limit) if measured else []
         return TaskSource(provider.name, train, dev, f"{provider.name}/{config.dev_split}")
     row = find_app(session, config.app, tenant_id)
     app = _external(row, secret_key)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,6 +46,17 @@ from agentloop.store.models import TrainingRun
 log = logging.getLogger(__name__)
 
 Report = Callable[[dict[str, Any]], None]
+
+# which sibling runs an algorithm: its `<family>_iteration(i, algo)` method
+FAMILY = {
+    "sft": "sft",
+    "stepagent-implicit": "stepagent",
+    "stepagent-irl": "stepagent",
+    "loop": "rl",
+    "loop+step": "rl",
+    "grpo": "rl",
+    "reinforce": "rl",
+}
 
 
 # --- stopping at a safe point ----------------------------------------------------------------------
@@ -100,6 +112,8 @@ class Trainer:
         self.rng = random.Random(self.config.seed)
         self.baseline_dev_tgc: float | None = None
         self.parent: str | None = None
+        self.agreement_steps: list[Any] | None = None  # dev oracle prefixes, drawn once
+        self.last_agreement: float | None = None
 
     # --- setup
     def setup(self) -> int:
@@ -166,10 +180,12 @@ class Trainer:
             self.baseline_dev_tgc = self.dev_tgc()
         return start
 
-    def limits(self, dev: bool = False) -> Limits:
+    def limits(self, dev: bool = False, expert: bool = False) -> Limits:
+        """Rollouts' limits, or dev evaluation's (greedy), or those expert trajectories are played under
+        (every expert call is a turn: the dev turn limit, which oracle solutions fit in)."""
         c = self.config
         return Limits(
-            max_turns=c.dev_max_turns if dev else c.max_turns,
+            max_turns=c.dev_max_turns if dev or expert else c.max_turns,
             max_new_tokens=c.max_new_tokens,
             observation_max_tokens=c.observation_max_tokens,
             max_context_tokens=c.max_context_tokens,
@@ -198,8 +214,88 @@ class Trainer:
         """After the model and the task source are loaded, before the first iteration (e.g. load experts)."""
 
     def iteration(self, i: int) -> dict[str, Any]:
-        """One iteration; its metrics. Saves and gates a candidate (`save_and_gate`) when it updated."""
-        raise NotImplementedError
+        """One iteration of the algorithm its phase names; then, when it updated the weights, the candidate is
+        saved and gated, and (with `agreement_prefixes`) the expert-action agreement on dev is measured."""
+        algo = self.config.algo_at(i)
+        method = getattr(self, f"{FAMILY[algo]}_iteration", None)
+        if method is None:
+            raise ValueError(f"{type(self).__name__} cannot run {algo!r}; use learner.run.trainer_for(config)")
+        lr = self.config.phase_lr(algo)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        t0 = time.perf_counter()
+        metrics: dict[str, Any] = {"algo": algo, **method(i, algo)}
+        metrics["perf/iteration_s"] = time.perf_counter() - t0
+        updated = bool(metrics.pop("updated", 0.0))
+        if self.config.agreement_prefixes and self.accelerator.is_main_process:
+            metrics["agreement/dev"] = (
+                self.dev_agreement() if updated or self.last_agreement is None else self.last_agreement
+            )
+        if self.config.promote and updated:
+            self.safe_point(f"in iteration {i}, before saving its adapter")
+            if self.accelerator.is_main_process:  # no update, no new version
+                metrics.update(self.save_and_gate(i, metrics))
+        return metrics
+
+    def expert_batch(self, i: int) -> tuple[list[Any], dict[str, float]]:
+        """The iteration's expert trajectories as rollouts, and how many came from each source."""
+        from agentloop.learner import experts
+
+        c = self.config
+        tasks: list[Any] = []
+        counts: dict[str, float] = {}
+        if "demonstrations" in c.expert_sources or "logged" in c.expert_sources:
+            with session_scope() as s:
+                if "demonstrations" in c.expert_sources and self.source.app is None:
+                    demos, unusable = experts.demonstration_experts(
+                        s, self.source.provider, self.source.tenant_id, c.experts_per_iteration // 2, self.rng
+                    )
+                    tasks += demos
+                    counts |= {"experts/demonstrations": float(len(demos)), "experts/not_replayed": float(unusable)}
+                if "logged" in c.expert_sources:
+                    logged = experts.logged_experts(
+                        s, self.source, self.source.tenant_id, c.experts_per_iteration // 4, set()
+                    )
+                    tasks += logged
+                    counts["experts/logged"] = float(len(logged))
+        if "oracle" in c.expert_sources:
+            oracles = experts.oracle_experts(self.source, c.experts_per_iteration - len(tasks), self.rng, c.procedural)
+            tasks += oracles
+            counts["experts/oracle"] = float(len(oracles))
+        return experts.expert_rollouts(self.tokenizer, tasks, self.limits(expert=True)), counts
+
+    def dev_agreement(self) -> float:
+        """Expert-action agreement, in percent: the greedy action equals the expert's at held-out dev oracle
+        prefixes (the same prefixes every time)."""
+        from agentloop.agent.actions import parse_action
+        from agentloop.learner import experts
+        from agentloop.learner.stepagent import agrees
+        from agentloop.policy.base import GenerationRequest
+
+        if self.agreement_steps is None:
+            dev = [t for t in self.source.dev if t.expert is not None]
+            steps = [
+                s
+                for r in experts.expert_rollouts(self.tokenizer, dev, self.limits(expert=True))
+                for s in experts.expert_steps(r)
+            ]
+            self.agreement_steps = random.Random(0).sample(steps, min(self.config.agreement_prefixes, len(steps)))
+        if not self.agreement_steps:
+            return 0.0
+        self.report({"phase": "agreement", "prefixes": len(self.agreement_steps)})
+        self.model.eval()
+        self.policy.clear_cache()
+        requests = [
+            GenerationRequest(s.prefix, self.config.max_new_tokens, temperature=0.0) for s in self.agreement_steps
+        ]
+        gens = self.policy.generate(requests)
+        self.policy.clear_cache()
+        hits = 0
+        for step, gen in zip(self.agreement_steps, gens, strict=True):
+            parsed = parse_action(gen.text).actions
+            hits += agrees(parsed[0] if parsed else None, step.call)
+        self.last_agreement = 100.0 * hits / len(self.agreement_steps)
+        return self.last_agreement
 
     def checkpoint_extra(self) -> dict[str, Any]:
         """JSON state kept between iterations, beside the shared state."""
@@ -233,7 +329,9 @@ class Trainer:
     def dev_tgc(self) -> float:
         return float(self.dev_summary()["tgc"])
 
-    def save_and_gate(self, i: int) -> dict[str, Any]:
+    def save_and_gate(self, i: int, learned: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Save the candidate, measure it on dev, promote or reject it. `learned`: the iteration's training
+        metrics (agreement, step rewards, losses), stored with the candidate."""
         if self.baseline_dev_tgc is None:  # nothing active yet: the bar is the base model
             with self.model.disable_adapter():
                 self.baseline_dev_tgc = float(self.dev_summary(i)["tgc"])
@@ -270,6 +368,7 @@ class Trainer:
                     "dev_sgc": summary["sgc"],
                     "dev_set": self.source.dev_set,  # a later run gated on other tasks measures its own bar
                     "behaviour": summary["behaviour"],
+                    "training": {k: v for k, v in (learned or {}).items() if isinstance(v, int | float | str)},
                 }
         if stop is not None:  # the candidate stays a candidate: saved whole, never gated
             self.cancellation.request(*stop)

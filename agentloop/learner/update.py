@@ -116,18 +116,19 @@ def update(
     optimizer: torch.optim.Optimizer,
     accelerator: Any,
     rollouts: Sequence[Rollout],
-    advantages: Sequence[float],
+    advantages: Sequence[float | Sequence[float]],
     old_logprobs: Sequence[torch.Tensor] | None,
     config: LoopConfig,
     pad_id: int,
     rng: random.Random,
     reference: Any | None = None,
     between_steps: Callable[[int], None] | None = None,
+    algo: str | None = None,
 ) -> dict[str, float]:
     """Train on the rollouts. `old_logprobs` None: the sampler's log-probs are pi_old. With several
     processes, each takes its share of every minibatch; gradients are averaged across them.
     `between_steps(steps_done)` runs after each optimizer step (the trainer's cancel check: an exception
-    from it stops the update there)."""
+    from it stops the update there). `algo`: the phase's algorithm when it is not `config.algo`."""
     device = accelerator.device
     world, rank = accelerator.num_processes, accelerator.process_index
     params = [p for p in module.parameters() if p.requires_grad]
@@ -153,9 +154,9 @@ def update(
                     old = torch.zeros_like(batch.sampler_logprobs)
                     for b, i in enumerate(idx):
                         old[b, : old_logprobs[i].shape[0]] = old_logprobs[i].to(device)
-                adv = torch.tensor([advantages[i] for i in idx], dtype=torch.float32, device=device)
+                adv = _advantage_tensor([advantages[i] for i in idx], batch.turn_ids).to(device)
                 logp = module(batch.input_ids, batch.attention_mask, batch.agent_mask)  # (B, T-1), 0 off-agent
-                if config.algo == "reinforce":
+                if (algo or config.algo) == "reinforce":
                     loss = policy_gradient_loss(logp, adv, batch.agent_mask)
                     with torch.no_grad():
                         kl = float(k3_kl(logp - old, batch.agent_mask))  # KL(old || new), as LOOP's
@@ -219,6 +220,22 @@ def update(
         "perf/update_s": elapsed,
         "perf/peak_mem_mb": peak_memory_mb(device),
     }
+
+
+def _advantage_tensor(advantages: Sequence[float | Sequence[float]], turn_ids: torch.Tensor) -> torch.Tensor:
+    """(B,) when every rollout has one advantage; else (B, T): each token gets its turn's (loop+step), a
+    rollout with one advantage gets it at every token."""
+    if all(isinstance(a, float | int) for a in advantages):
+        return torch.tensor(advantages, dtype=torch.float32)
+    out = torch.zeros(turn_ids.shape, dtype=torch.float32)
+    for b, a in enumerate(advantages):
+        if isinstance(a, float | int):
+            out[b] = float(a)
+            continue
+        per_turn = torch.tensor([*a, 0.0], dtype=torch.float32)  # index -1 (not an agent token) -> 0
+        turns = turn_ids[b].cpu().clamp(max=len(a) - 1)
+        out[b] = per_turn[torch.where(turns >= 0, turns, torch.full_like(turns, len(a)))]
+    return out
 
 
 def _is_wrapped(module: nn.Module) -> bool:

@@ -50,7 +50,8 @@ def warm_start(tiny_model_dir, world, steps=WARM_START_STEPS):
     from agentloop.agent.episode import Limits
     from agentloop.agent.eval_runs import world_tasks
     from agentloop.apps.tasks import ToolCall
-    from agentloop.learner.sft import expert_rollouts, supervised_steps
+    from agentloop.learner.experts import expert_rollouts
+    from agentloop.learner.sft import supervised_steps
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
@@ -107,8 +108,9 @@ def lights_on_adapter_dir(model_cache, lights_model_dir):
         from agentloop.agent.episode import Limits
         from agentloop.agent.eval_runs import world_tasks
         from agentloop.learner.config import LoopConfig
+        from agentloop.learner.experts import expert_rollouts
         from agentloop.learner.model import lora_model
-        from agentloop.learner.sft import expert_rollouts, supervised_steps
+        from agentloop.learner.sft import supervised_steps
 
         torch.manual_seed(0)
         model = lora_model(AutoModelForCausalLM.from_pretrained(lights_model_dir), LoopConfig(), None)

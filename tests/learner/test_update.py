@@ -12,8 +12,8 @@ from agentloop.agent.episode import Limits
 from agentloop.agent.eval_runs import world_tasks
 from agentloop.apps.tasks import ToolCall
 from agentloop.learner.config import LoopConfig
+from agentloop.learner.experts import expert_rollouts
 from agentloop.learner.model import lora_model
-from agentloop.learner.sft import expert_rollouts
 from agentloop.learner.update import LogprobModel, compute_logprobs, update
 from tests.learner.lights_world import LightsWorld
 

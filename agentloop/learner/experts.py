@@ -1,0 +1,153 @@
+"""Expert trajectories for supervised steps and StepAgent, from three sources (DESIGN §6):
+
+* oracle: the oracle solution of a train task — with `procedural`, of a train scenario set up on a fresh
+  seed (`<scenario>@<seed>`), so there are as many as training asks for;
+* demonstrations: what clients uploaded (POST /v1/demonstrations) for a task of the trained world, whose
+  steps were replayed on that world when they were stored;
+* logged: served episodes of a train task that the evaluator scored a success.
+
+Each becomes an EvalTask whose `expert` returns the calls; `expert_rollouts` plays them through the real
+episode loop, so the learner sees exactly the tokens the agent would (prompt, observations and all).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from agentloop.agent.episode import Episode, Limits, run_episodes
+from agentloop.agent.evaluate import EvalTask
+from agentloop.agent.prompt import ChatFormat
+from agentloop.apps.registry import WorldProvider
+from agentloop.apps.tasks import ToolCall
+from agentloop.learner.rollouts import Rollout, build_rollout, sample_tasks
+from agentloop.learner.task_source import TaskSource
+from agentloop.policy.scripted import ScriptedPolicy
+from agentloop.store import demonstrations as demo_store
+from agentloop.store.models import Episode as EpisodeRow
+from agentloop.store.models import Reward, Step, Task
+
+
+@dataclass
+class ExpertStep:
+    """One step of an expert trajectory as StepAgent inspects it: the tokens before the expert's action
+    (instruction, earlier actions and observations), the action's tokens, and the call itself."""
+
+    task_ref: str
+    index: int
+    prefix: list[int]
+    action_tokens: list[int]
+    call: ToolCall
+
+
+def oracle_experts(source: TaskSource, n: int, rng: random.Random, procedural: bool) -> list[EvalTask]:
+    """n train tasks with an oracle: fresh instances where the source makes them, else sampled from its list."""
+    if procedural and source.procedural:
+        return source.fresh(rng, n)
+    with_oracle = [t for t in source.train if t.expert is not None]
+    return sample_tasks(with_oracle, n, rng) if with_oracle else []
+
+
+def demonstration_experts(
+    session: Session, provider: WorldProvider, tenant_id: str | None, limit: int, rng: random.Random
+) -> tuple[list[EvalTask], int]:
+    """Up to `limit` uploaded demonstrations of the world, as tasks; and how many could not be used (steps
+    over an external app were never replayed: there is no world here to play them in)."""
+    rows = demo_store.for_training(session, tenant_id, provider.name)
+    usable = [r for r in rows if r.replayed]
+    picked = rng.sample(usable, min(limit, len(usable)))
+    return [_demonstration_task(provider, row) for row in picked], len(rows) - len(usable)
+
+
+def _demonstration_task(provider: WorldProvider, row: Any) -> EvalTask:
+    calls = [ToolCall(s["app"], s["api"], dict(s.get("args") or {})) for s in row.steps]
+    ref, seed, apps = row.task_ref, row.seed, list(row.apps)
+
+    def start() -> tuple[Any, Any]:
+        world = provider.task_world(ref) if ref is not None else provider.new_world(seed, apps)
+        return world, None
+
+    return EvalTask(
+        task_ref=ref or f"demonstration:{row.id}",
+        scenario="demonstration",
+        split="train",
+        difficulty=0,
+        instruction=row.instruction,
+        start=start,
+        expert=_fixed(calls),
+    )
+
+
+def logged_experts(
+    session: Session, source: TaskSource, tenant_id: str | None, limit: int, exclude: set[str]
+) -> list[EvalTask]:
+    """Served episodes of the source's train tasks that the evaluator scored a success (newest first), as
+    experts: the task's start and the calls the agent made."""
+    by_ref = {t.task_ref: t for t in source.train}
+    if not by_ref:
+        return []
+    success = sa.exists().where(
+        Reward.episode_id == EpisodeRow.id, Reward.source == "evaluator", Reward.success.is_(True)
+    )
+    query = (
+        sa.select(EpisodeRow)
+        .where(EpisodeRow.kind == "served", EpisodeRow.status == "finished", success)
+        .where(EpisodeRow.task_ref.in_(sorted(by_ref)))
+        .order_by(EpisodeRow.created_at.desc())
+        .limit(limit + len(exclude))
+    )
+    if tenant_id is not None:
+        query = query.join(Task, Task.id == EpisodeRow.task_id).where(Task.tenant_id == tenant_id)
+    out: list[EvalTask] = []
+    for ep in session.scalars(query):
+        if ep.id in exclude or ep.task_ref is None or len(out) >= limit:
+            continue
+        steps = session.scalars(sa.select(Step).where(Step.episode_id == ep.id).order_by(Step.index)).all()
+        calls = [
+            ToolCall(s.action["app"], s.action["api"], dict(s.action.get("args") or {})) for s in steps if s.action
+        ]
+        out.append(replace(by_ref[ep.task_ref], expert=_fixed(calls)))
+    return out
+
+
+def _fixed(calls: list[ToolCall]) -> Callable[[], list[ToolCall]]:
+    return lambda: calls
+
+
+def expert_rollouts(tokenizer: Any, tasks: Sequence[EvalTask], limits: Limits) -> list[Rollout]:
+    """Each task's expert calls played through the real episode loop: exact token sequences, one turn
+    per call, with each turn's call kept (`Rollout.actions`)."""
+    policy = ScriptedPolicy(tokenizer, name="oracle")
+    fmt = ChatFormat(tokenizer)
+    episodes = []
+    for i, task in enumerate(tasks):
+        if task.expert is None:
+            continue
+        world, _ = task.start()
+        key = f"{task.task_ref}#{i}"  # a task may appear several times (e.g. with other demonstrations)
+        ep = Episode(world, fmt, task.instruction, limits, key=key)
+        policy.plan_actions(key, task.expert())
+        episodes.append((task, ep))
+    run_episodes(policy, [ep for _, ep in episodes])
+    return [build_rollout(t.task_ref, ep.prompt_token_ids, ep.turns, 1.0, True) for t, ep in episodes]
+
+
+def expert_steps(rollout: Rollout) -> list[ExpertStep]:
+    """The steps of an expert rollout: for each turn t, the tokens before it and its own tokens."""
+    assert rollout.actions is not None, "an expert rollout knows its calls"
+    starts: dict[int, int] = {}
+    ends: dict[int, int] = {}
+    for pos, turn in enumerate(rollout.turn_ids):
+        if turn >= 0:
+            starts.setdefault(turn, pos)
+            ends[turn] = pos + 1
+    return [
+        ExpertStep(rollout.task_ref, t, rollout.token_ids[: starts[t]], rollout.token_ids[starts[t] : ends[t]], call)
+        for t, call in enumerate(rollout.actions)
+        if call is not None and t in starts
+    ]

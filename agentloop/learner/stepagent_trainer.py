@@ -1,0 +1,292 @@
+"""StepAgent's iteration (the objectives are in stepagent.py): inspection at expert prefixes, then reflection.
+
+    iteration i:
+        draw expert trajectories (experts.py) and play them through the episode loop: exact tokens
+        pick `inspect_prefixes` of their steps h_t = (u, a*_1, o_1, ..., o_{t-1}) at random
+        inspection: sample M actions at each prefix, all prefixes in batches; compare each with a*_t
+        reflection, implicit: step-level DPO on (a*_t, a^_t != a*_t) against the adapter disabled, + anchor
+        reflection, inverse RL: train D on expert vs agent actions; r = D(h, a^); leave-one-out over the M
+            samples of a prefix; LOOP's clipped update on the sampled actions
+    then the shared phases (trainer.py): save the candidate, gate it on dev, measure agreement, checkpoint.
+
+Every forward runs one prefix's rows together (the expert's action and the M samples), so the long
+prefix goes through the decoder once per group (loop.shared_opening).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from agentloop.agent.actions import parse_action
+from agentloop.learner import stepagent
+from agentloop.learner.experts import ExpertStep, expert_steps
+from agentloop.learner.loop import _decoder_hidden, sequence_logprobs
+from agentloop.learner.rollouts import Rollout
+from agentloop.learner.trainer import Trainer
+from agentloop.learner.update import collate, update
+from agentloop.policy.base import GenerationRequest
+
+
+@dataclass
+class Inspected:
+    """One expert step and the M actions the policy sampled at its prefix, each compared with a*_t."""
+
+    step: ExpertStep
+    samples: list[list[int]]  # sampled token ids
+    logprobs: list[list[float]]  # their log-probs when sampled
+    rewards: list[float]  # stepagent.action_reward against a*_t
+
+    def row(self, tokens: Sequence[int], logprobs: Sequence[float] | None = None, reward: float = 1.0) -> Rollout:
+        """The prefix and one action as a sequence the learner's functions take (agent mask on the action)."""
+        p, n = len(self.step.prefix), len(tokens)
+        return Rollout(
+            task_ref=f"{self.step.task_ref}#{self.step.index}",  # rows of one prefix sort together
+            token_ids=[*self.step.prefix, *tokens],
+            agent_mask=[0] * p + [1] * n,
+            turn_ids=[-1] * p + [0] * n,
+            sampler_logprobs=[0.0] * p + list(logprobs or [0.0] * n),
+            reward=reward,
+            success=reward == 1.0,
+        )
+
+
+class StepAgentTrainer(Trainer):
+    """stepagent-implicit and stepagent-irl."""
+
+    def prepare(self) -> None:
+        super().prepare()
+        self.discriminator: stepagent.Discriminator | None = None
+        self.disc_optimizer: torch.optim.Optimizer | None = None
+
+    def checkpoint_files(self) -> dict[str, Any]:
+        files = super().checkpoint_files()
+        if self.discriminator is not None and self.disc_optimizer is not None:
+            files["discriminator"] = {
+                "weights": self.discriminator.state_dict(),
+                "optimizer": self.disc_optimizer.state_dict(),
+            }
+        return files
+
+    def restore(self, state: dict[str, Any]) -> None:
+        super().restore(state)
+        saved = self.checkpoint.load_file("discriminator")
+        if saved is not None:
+            self._discriminator().load_state_dict(saved["weights"])
+            assert self.disc_optimizer is not None
+            self.disc_optimizer.load_state_dict(saved["optimizer"])
+
+    def stepagent_iteration(self, i: int, algo: str) -> dict[str, Any]:
+        c = self.config
+        t0 = time.perf_counter()
+        self.report({"phase": "experts", "iteration": i})
+        rollouts, counts = self.expert_batch(i)
+        steps = [s for r in rollouts for s in expert_steps(r)]
+        picked = self.rng.sample(steps, min(c.inspect_prefixes, len(steps)))
+        self.safe_point(f"in iteration {i}, after drawing its experts")
+        inspected = self.inspect(i, picked)
+        self.safe_point(f"in iteration {i}, after its inspection")
+        rewards = [r for x in inspected for r in x.rewards]
+        metrics: dict[str, Any] = {
+            "iteration": i,
+            **counts,
+            "inspect/prefixes": float(len(inspected)),
+            "step_reward/mean": sum(rewards) / max(len(rewards), 1),
+            "inspect/agree_frac": sum(r == 1.0 for r in rewards) / max(len(rewards), 1),
+            "perf/inspect_s": time.perf_counter() - t0,
+        }
+        t1 = time.perf_counter()
+        if algo == "stepagent-implicit":
+            metrics.update(self.reflect_implicit(i, inspected))
+        else:
+            metrics.update(self.reflect_irl(i, inspected))
+        metrics["perf/update_s"] = time.perf_counter() - t1
+        self.policy.clear_cache()
+        return metrics
+
+    # --- inspection
+    def inspect(self, i: int, steps: Sequence[ExpertStep]) -> list[Inspected]:
+        """M samples at each prefix, in batches across prefixes (the policy runs a prefix's rows together)."""
+        c = self.config
+        self.report({"phase": "inspection", "iteration": i, "prefixes": len(steps), "samples": c.inspect_samples})
+        self.model.eval()
+        self.policy.clear_cache()
+        requests = [
+            GenerationRequest(s.prefix, c.max_new_tokens, temperature=c.inspect_temperature)
+            for s in steps
+            for _ in range(c.inspect_samples)
+        ]
+        gens = self.policy.generate(requests)
+        self.policy.clear_cache()
+        out = []
+        M = c.inspect_samples
+        for k, step in enumerate(steps):
+            group = gens[k * M : (k + 1) * M]
+            calls = [parse_action(g.text).actions for g in group]
+            out.append(
+                Inspected(
+                    step,
+                    [g.token_ids for g in group],
+                    [list(g.logprobs or []) for g in group],
+                    [stepagent.action_reward(a[0] if a else None, step.call) for a in calls],
+                )
+            )
+        return out
+
+    # --- reflection, implicit reward
+    def reflect_implicit(self, i: int, inspected: Sequence[Inspected]) -> dict[str, Any]:
+        """Step-level DPO: chosen a*_t, rejected each sampled a^_t that is not a*_t; reference = the adapter
+        disabled (its log-probs computed once, before any step); plus the SFT anchor on a*_t."""
+        c = self.config
+        groups = [
+            (
+                x,
+                [x.row(x.step.action_tokens)]
+                + [x.row(s) for s, r in zip(x.samples, x.rewards, strict=True) if r < 1.0],
+            )
+            for x in inspected
+        ]
+        groups = [(x, rows) for x, rows in groups if len(rows) > 1]  # every sample was the expert's: no pair
+        if not groups:
+            return {"dpo/pairs": 0.0}
+        device = self.accelerator.device
+        with torch.no_grad(), self.model.disable_adapter():
+            refs = [self._summed_logprobs(rows, device) for _, rows in groups]
+        stats: list[stepagent.DpoStats] = []
+        order = list(range(len(groups)))
+        per_step = c.sft_batch_size  # prefixes per optimizer step
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.model.train()
+        for _epoch in range(c.epochs):
+            self.rng.shuffle(order)
+            for start in range(0, len(order), per_step):
+                chunk = order[start : start + per_step]
+                self.optimizer.zero_grad(set_to_none=True)
+                for g in chunk:
+                    rows = groups[g][1]
+                    logp = self._summed_logprobs(rows, device)
+                    ref = refs[g]
+                    n = len(rows) - 1
+                    loss, st = stepagent.step_dpo_loss(
+                        logp[0].expand(n),
+                        logp[1:],
+                        ref[0].expand(n),
+                        ref[1:],
+                        torch.full((n,), float(len(groups[g][0].step.action_tokens)), device=device),
+                        c.dpo_beta,
+                        c.dpo_anchor,
+                    )
+                    (loss / len(chunk)).backward()
+                    stats.append(st)
+                torch.nn.utils.clip_grad_norm_(params, c.max_grad_norm)
+                self.optimizer.step()
+                self.safe_point(f"in iteration {i}, after a reflection step")
+        self.model.eval()
+        mean = lambda name: sum(getattr(s, name) for s in stats) / len(stats)  # noqa: E731
+        return {
+            "dpo/pairs": float(sum(len(rows) - 1 for _, rows in groups)),
+            "loss/dpo_total": mean("loss"),
+            "loss/dpo": mean("dpo"),
+            "loss/anchor": mean("anchor"),
+            "dpo/margin": mean("margin"),
+            "dpo/accuracy": mean("accuracy"),
+            "updated": 1.0,
+        }
+
+    def _summed_logprobs(self, rows: Sequence[Rollout], device: torch.device) -> torch.Tensor:
+        """Each row's summed log-prob of its action tokens (rows of one prefix: its decoder pass is shared)."""
+        batch = collate(rows, self.pad_id).to(device)
+        logp = sequence_logprobs(
+            self.model, batch.input_ids, batch.attention_mask, self.config.logprob_chunk, target_mask=batch.agent_mask
+        )
+        return (logp * batch.agent_mask).sum(dim=1)
+
+    # --- reflection, inverse RL
+    def _discriminator(self) -> stepagent.Discriminator:
+        if self.discriminator is None:
+            hidden = int(self.model.get_decoder().config.hidden_size)
+            self.discriminator = stepagent.Discriminator(hidden).to(self.accelerator.device)
+            self.disc_optimizer = torch.optim.Adam(self.discriminator.parameters(), lr=self.config.disc_lr)
+        return self.discriminator
+
+    @torch.no_grad()
+    def _features(self, rows: Sequence[Rollout], device: torch.device) -> torch.Tensor:
+        """D's input per row: the frozen base model's last hidden state at the prefix's end and its mean over
+        the action's tokens, (N, 2H)."""
+        batch = collate(rows, self.pad_id).to(device)
+        with self.model.disable_adapter():
+            hidden = _decoder_hidden(self.model.get_decoder(), batch.input_ids, batch.attention_mask).float()
+        feats = []
+        for b, r in enumerate(rows):
+            start = r.agent_mask.index(1)
+            n = sum(r.agent_mask)
+            feats.append(torch.cat([hidden[b, start - 1], hidden[b, start : start + n].mean(dim=0)]))
+        return torch.stack(feats)
+
+    def reflect_irl(self, i: int, inspected: Sequence[Inspected]) -> dict[str, Any]:
+        """Train D on expert (1) vs agent (0) actions, score every sample with D, and make LOOP's clipped update
+        on the samples with leave-one-out advantages over the M samples of each prefix."""
+        c = self.config
+        device = self.accelerator.device
+        disc = self._discriminator()
+        assert self.disc_optimizer is not None
+        self.model.eval()
+        expert_f, sample_f = [], []
+        for x in inspected:
+            f = self._features([x.row(x.step.action_tokens)] + [x.row(s) for s in x.samples], device)
+            expert_f.append(f[:1])
+            sample_f.append(f[1:])
+        negatives = torch.cat(
+            [f[[k for k, r in enumerate(x.rewards) if r < 1.0]] for f, x in zip(sample_f, inspected, strict=True)]
+        )
+        positives = torch.cat(expert_f)
+        accuracy = 0.0
+        disc.train()
+        for _ in range(c.disc_steps if len(negatives) else 0):
+            self.disc_optimizer.zero_grad(set_to_none=True)
+            loss, accuracy = stepagent.discriminator_loss(disc(positives), disc(negatives))
+            loss.backward()
+            self.disc_optimizer.step()
+        disc.eval()
+        rows, advantages, scores = [], [], []
+        with torch.no_grad():
+            for f, x in zip(sample_f, inspected, strict=True):
+                r = stepagent.discriminator_rewards(disc(f))
+                scores += r
+                for tokens, lps, a in zip(x.samples, x.logprobs, stepagent.step_leave_one_out(r), strict=True):
+                    if abs(a) >= c.adv_threshold:
+                        rows.append(x.row(tokens, lps))
+                        advantages.append(a)
+        metrics: dict[str, Any] = {
+            "disc/accuracy": accuracy,
+            "disc/reward_mean": sum(scores) / max(len(scores), 1),
+            "disc/expert_reward": float(torch.sigmoid(disc(positives)).mean()) if len(positives) else 0.0,
+            "adv/kept": float(len(rows)),
+        }
+        if not rows:
+            return metrics
+        old = None
+        if c.inspect_temperature != 1.0:  # the sampler's log-probs are of a tempered distribution
+            from agentloop.learner.update import compute_logprobs
+
+            old = compute_logprobs(self.module, rows, self.pad_id, c.micro_batch_size, device)
+        metrics.update(
+            update(
+                self.module,
+                self.optimizer,
+                self.accelerator,
+                rows,
+                advantages,
+                old,
+                c,
+                self.pad_id,
+                self.rng,
+                between_steps=lambda step: self.safe_point(f"in iteration {i}, after update step {step}"),
+            )
+        )
+        metrics["updated"] = 1.0
+        return metrics
