@@ -258,6 +258,15 @@ class LoopTrainer(Trainer):
         }
         if experts is not None:
             metrics["step/tasks_with_expert"] = float(sum(e is not None for e in experts))
+            step_rewards = [
+                x
+                for expert, group in zip(experts, by_task.values(), strict=True)
+                if expert is not None
+                for r in group
+                if r.actions is not None
+                for x in turn_rewards(r.actions, expert)
+            ]
+            metrics["step_reward/mean"] = sum(step_rewards) / max(len(step_rewards), 1)
         if kept:
             batch = [r for r, _ in kept]
             advs = [a for _, a in kept]

@@ -254,6 +254,7 @@ class StepAgentTrainer(Trainer):
         disc.eval()
         rows, advantages, scores = [], [], []
         with torch.no_grad():
+            expert_reward = float(torch.sigmoid(disc(positives)).mean()) if len(positives) else 0.0
             for f, x in zip(sample_f, inspected, strict=True):
                 r = stepagent.discriminator_rewards(disc(f))
                 scores += r
@@ -264,7 +265,7 @@ class StepAgentTrainer(Trainer):
         metrics: dict[str, Any] = {
             "disc/accuracy": accuracy,
             "disc/reward_mean": sum(scores) / max(len(scores), 1),
-            "disc/expert_reward": float(torch.sigmoid(disc(positives)).mean()) if len(positives) else 0.0,
+            "disc/expert_reward": expert_reward,
             "adv/kept": float(len(rows)),
         }
         if not rows:

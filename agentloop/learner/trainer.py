@@ -47,6 +47,8 @@ log = logging.getLogger(__name__)
 
 Report = Callable[[dict[str, Any]], None]
 
+EXPERT_CALL_TOKENS = 4096  # the most tokens one expert call may take when replayed
+
 # which sibling runs an algorithm: its `<family>_iteration(i, algo)` method
 FAMILY = {
     "sft": "sft",
@@ -186,7 +188,8 @@ class Trainer:
         c = self.config
         return Limits(
             max_turns=c.dev_max_turns if dev or expert else c.max_turns,
-            max_new_tokens=c.max_new_tokens,
+            # an expert's call is replayed whole, however long (cut, it would teach a call that does not parse)
+            max_new_tokens=max(c.max_new_tokens, EXPERT_CALL_TOKENS) if expert else c.max_new_tokens,
             observation_max_tokens=c.observation_max_tokens,
             max_context_tokens=c.max_context_tokens,
             wall_time_s=1e9,
