@@ -91,7 +91,7 @@ PRESETS: dict[str, tuple[Any, Any]] = {
     "rollouts_per_task": (4, 2),
     "max_turns": (16, 1),
     "max_new_tokens": (160, 48),  # oracle calls take up to ~140 tokens: a longer one is cut and parses as none
-    "experts_per_iteration": (4, 1),
+    "experts_per_iteration": (32, 1),  # = sft_steps x sft_batch_size: every SFT step sees experts of its own
     "sft_steps": (8, 1),
     "sft_batch_size": (4, 1),
     "inspect_prefixes": (8, 1),
@@ -737,6 +737,9 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated subset of {','.join(ARMS)}")
     ap.add_argument("--merge", action="store_true", help="train nothing: table and PNG from the files in DIR")
     ap.add_argument("--start-only", action="store_true", help="measure the base model, train the warm start, no arm")
+    ap.add_argument(
+        "--skip-base", action="store_true", help="leave the base model's figures to another sitting (base.json)"
+    )
     ap.add_argument("--rerun", action="store_true", help="run the arms again even where DIR has them finished")
     ap.add_argument("--budget-s", type=float, default=None, help="training seconds per arm (default 2400)")
     ap.add_argument("--max-cycles", type=int, default=None, help="cycle cap per arm")
@@ -791,7 +794,8 @@ def main() -> None:
 
     if not args.merge:
         progress(f"model {model_dir}; results {results}; arms {', '.join(args.arm_list)}; {args.budget_s:g} s each")
-        measure_base(args, results, model_dir, settings)
+        if not args.skip_base:
+            measure_base(args, results, model_dir, settings)
         start = warm_start(args, results, model_dir, settings)
         for arm in [] if args.start_only else args.arm_list:
             done = read_json(arm_path(results, arm))
