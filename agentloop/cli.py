@@ -566,7 +566,7 @@ def _learn_run(
                 typer.echo(f"cannot start training: {exc}", err=True)
                 raise typer.Exit(1) from None
             run = TrainingRun(
-                algo="+".join(config.algos()) if config.phases else config.algo,
+                algo=config.label,
                 status="queued",
                 trigger=CLI_TRIGGER,
                 tenant_id=source.tenant_id,  # a run on an app is its tenant's

@@ -15,6 +15,8 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
+from agentloop.learner.config import Algo
+
 DEFAULT_SECRET = "change-me-local-only"
 ENV_PREFIX = "AGENTLOOP_"
 
@@ -95,9 +97,7 @@ class Settings(BaseSettings):
         "task, or client feedback) exist since the last run; 0: off.",
     )
     train_check_interval_s: float = Field(60.0, description="How often beat checks the two triggers above.")
-    train_algo: Literal["sft", "stepagent-implicit", "stepagent-irl", "loop", "loop+step", "grpo", "reinforce"] = Field(
-        "loop", description="Algorithm of scheduled runs when train_recipe is empty."
-    )
+    train_algo: Algo = Field("loop", description="Algorithm of scheduled runs when train_recipe is empty.")
     train_recipe: str = Field(
         "default",
         description="Recipe of scheduled runs (phases algo:iterations, see docs/learning.md); empty: train_algo "

@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from agentloop.learner.config import ALGOS, LoopConfig
+from agentloop.learner.config import LoopConfig
 from agentloop.learner.model import lora_model
 from agentloop.learner.rl import LoopTrainer
 from agentloop.policy.models import resolve_model_dir
@@ -49,6 +49,7 @@ from report import emit, machine, write_section
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_PLOT = ROOT / "docs" / "learning_curve.png"
 LABELS = {"loop": "LOOP", "grpo": "GRPO (std-normalised)", "reinforce": "REINFORCE"}
+ALGOS = tuple(LABELS)  # the trajectory-reward algorithms; bench/stepagent_curve.py has the expert ones
 
 # (full run, --quick); None in a flag means "take the preset"
 PRESETS: dict[str, tuple[Any, Any]] = {

@@ -56,7 +56,7 @@ from learning_curve import new_run, use_home
 
 from agentloop.learner.config import LoopConfig
 from agentloop.learner.model import lora_model
-from agentloop.learner.run import trainer_for
+from agentloop.learner.run import AgentTrainer
 from agentloop.learner.trainer import Trainer
 from agentloop.policy.models import resolve_model_dir
 from agentloop.settings import Settings, get_settings
@@ -220,8 +220,7 @@ def load_trainer(
         shown = {k: v for k, v in event.items() if k not in ("phase", "metrics")}
         progress(f"{label} {event.get('phase')} " + " ".join(f"{k}={v}" for k, v in shown.items()))
 
-    cls = trainer_for(config)
-    trainer = cls(settings, config, new_run(config, "bench"), report=report, model=model, tokenizer=tokenizer)
+    trainer = AgentTrainer(settings, config, new_run(config, "bench"), report=report, model=model, tokenizer=tokenizer)
     trainer.setup()
     with_dev_tasks(trainer)
     return trainer

@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from agentloop.learner.config import Algo
 from agentloop.store.models import TaskStatus
 
 TaskStatusName = Literal["queued", "running", "finished", "failed", "cancelled"]
@@ -201,12 +202,18 @@ class ErrorBody(BaseModel):
     error: ErrorDetail
 
 
+# what the routes of a tenant's resources (tasks, demonstrations) answer besides success
+ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorBody},
+    404: {"model": ErrorBody},
+    422: {"model": ErrorBody},
+}
+
+
 class TrainCreate(Strict):
     """Start a training run now."""
 
-    algo: Literal["sft", "stepagent-implicit", "stepagent-irl", "loop", "loop+step", "grpo", "reinforce"] = Field(
-        "loop", description="The algorithm (docs/learning.md)."
-    )
+    algo: Algo = Field("loop", description="The algorithm (docs/learning.md).")
     recipe: str | None = Field(
         None,
         description="A recipe instead of one algorithm: its phases run in order, each iteration gated on dev "

@@ -433,7 +433,7 @@ def start_training(
     except TaskSourceUnavailable as exc:
         raise Unavailable(str(exc)) from None
     run = TrainingRun(
-        algo="+".join(config.algos()) if config.phases else config.algo,
+        algo=config.label,
         status=TrainingRunStatus.QUEUED,
         trigger=trigger,
         tenant_id=principal.tenant_id,

@@ -198,6 +198,11 @@ class LoopConfig:
     def algos(self) -> tuple[str, ...]:
         return tuple(p.partition(":")[0] for p in self.phases) if self.phases else (self.algo,)
 
+    @property
+    def label(self) -> str:
+        """What a training run records as its algo: the algorithm, or a recipe's phases joined by '+'."""
+        return "+".join(self.algos())
+
     @classmethod
     def for_recipe(cls, recipe: str, **overrides: Any) -> LoopConfig:
         if recipe not in RECIPES:

@@ -83,9 +83,7 @@ def _demonstration_task(provider: WorldProvider, row: Any) -> EvalTask:
     )
 
 
-def logged_experts(
-    session: Session, source: TaskSource, tenant_id: str | None, limit: int, exclude: set[str]
-) -> list[EvalTask]:
+def logged_experts(session: Session, source: TaskSource, tenant_id: str | None, limit: int) -> list[EvalTask]:
     """Served episodes of the source's train tasks that the evaluator scored a success (newest first), as
     experts: the task's start and the calls the agent made."""
     by_ref = {t.task_ref: t for t in source.train}
@@ -99,13 +97,13 @@ def logged_experts(
         .where(EpisodeRow.kind == "served", EpisodeRow.status == "finished", success)
         .where(EpisodeRow.task_ref.in_(sorted(by_ref)))
         .order_by(EpisodeRow.created_at.desc())
-        .limit(limit + len(exclude))
+        .limit(limit)
     )
     if tenant_id is not None:
         query = query.join(Task, Task.id == EpisodeRow.task_id).where(Task.tenant_id == tenant_id)
     out: list[EvalTask] = []
     for ep in session.scalars(query):
-        if ep.id in exclude or ep.task_ref is None or len(out) >= limit:
+        if ep.task_ref is None:
             continue
         steps = session.scalars(sa.select(Step).where(Step.episode_id == ep.id).order_by(Step.index)).all()
         calls = [

@@ -119,7 +119,7 @@ def sequence_logprobs(
     PEFT-wrapped one (the output layer is not adapted). With `target_mask` (B, T-1), the output layer
     runs only where it is 1 (the agent's tokens) and other positions are 0: a long prompt costs one
     decoder pass, not a vocabulary-sized product per position."""
-    hidden = _decoder_hidden(model.get_decoder(), input_ids, attention_mask)  # (B, T, H)
+    hidden = decoder_hidden(model.get_decoder(), input_ids, attention_mask)  # (B, T, H)
     weight = model.get_output_embeddings().weight  # (V, H)
     hidden, targets = hidden[:, :-1], input_ids[:, 1:]
     if target_mask is None:
@@ -144,7 +144,7 @@ def shared_opening(input_ids: torch.Tensor, attention_mask: torch.Tensor | None)
     return int(same.long().cumprod(dim=0).sum())
 
 
-def _decoder_hidden(decoder: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+def decoder_hidden(decoder: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
     """The decoder's last hidden states. When the rows share an opening, it runs once (batch 1) and every
     row's remainder attends to its keys/values: the same function, so the same values and gradients (they
     flow back through the shared keys/values and add up), at a fraction of the cost when the opening

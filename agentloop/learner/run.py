@@ -16,7 +16,7 @@ from agentloop.learner.config import LoopConfig
 from agentloop.learner.rl import LoopTrainer
 from agentloop.learner.sft import SftTrainer
 from agentloop.learner.stepagent_trainer import StepAgentTrainer
-from agentloop.learner.trainer import Cancellation, Report, RunStopped, Trainer
+from agentloop.learner.trainer import Cancellation, Report, RunStopped
 from agentloop.settings import Settings
 from agentloop.store import training_runs
 from agentloop.store.db import session_scope
@@ -28,10 +28,6 @@ log = logging.getLogger(__name__)
 class AgentTrainer(LoopTrainer, SftTrainer, StepAgentTrainer):
     """Every algorithm's iteration over the shared phases: what a run uses, so that a recipe's phases
     (sft, then stepagent, then loop+step) run in one run on one model and optimizer."""
-
-
-def trainer_for(config: LoopConfig) -> type[Trainer]:
-    return AgentTrainer
 
 
 class RunHeartbeat(threading.Thread):
@@ -117,7 +113,7 @@ def _run_distributed(
     if state.is_main_process:
         return _run_claimed(claimed[0], owner, settings, report, cancellation)
     config = run_config(claimed[0])
-    trainer = trainer_for(config)(settings, config, run_id)  # stops when the main process does
+    trainer = AgentTrainer(settings, config, run_id)  # stops when the main process does
     try:
         trainer.run(trainer.setup())
     except RunStopped:
@@ -140,7 +136,7 @@ def _run_claimed(
     heartbeat.start()
     try:
         config = run_config(run)
-        trainer = trainer_for(config)(settings, config, run_id, report=both, cancellation=cancellation, owner=owner)
+        trainer = AgentTrainer(settings, config, run_id, report=both, cancellation=cancellation, owner=owner)
         trainer.run(trainer.setup())
     except RunStopped as stop:
         return _record_stop(run_id, owner, stop)

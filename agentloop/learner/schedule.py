@@ -71,7 +71,7 @@ def maybe_start_training(settings: Settings, now: datetime | None = None) -> str
             log.error("training is due (%s) but AGENTLOOP_TRAIN_CONFIG cannot train: %s", reason, exc)
             return None
         run = TrainingRun(
-            algo="+".join(config.algos()) if config.phases else config.algo,
+            algo=config.label,
             status=TrainingRunStatus.QUEUED,
             trigger=f"schedule:{reason}",
             tenant_id=source.tenant_id,  # a run on an app is its tenant's

@@ -25,10 +25,10 @@ import torch
 from agentloop.agent.actions import parse_action
 from agentloop.learner import stepagent
 from agentloop.learner.experts import ExpertStep, expert_steps
-from agentloop.learner.loop import _decoder_hidden, sequence_logprobs
+from agentloop.learner.loop import decoder_hidden, sequence_logprobs
 from agentloop.learner.rollouts import Rollout
 from agentloop.learner.trainer import Trainer
-from agentloop.learner.update import collate, update
+from agentloop.learner.update import collate, compute_logprobs, update
 from agentloop.policy.base import GenerationRequest
 
 
@@ -219,7 +219,7 @@ class StepAgentTrainer(Trainer):
         the action's tokens, (N, 2H)."""
         batch = collate(rows, self.pad_id).to(device)
         with self.model.disable_adapter():
-            hidden = _decoder_hidden(self.model.get_decoder(), batch.input_ids, batch.attention_mask).float()
+            hidden = decoder_hidden(self.model.get_decoder(), batch.input_ids, batch.attention_mask).float()
         feats = []
         for b, r in enumerate(rows):
             start = r.agent_mask.index(1)
@@ -272,8 +272,6 @@ class StepAgentTrainer(Trainer):
             return metrics
         old = None
         if c.inspect_temperature != 1.0:  # the sampler's log-probs are of a tempered distribution
-            from agentloop.learner.update import compute_logprobs
-
             old = compute_logprobs(self.module, rows, self.pad_id, c.micro_batch_size, device)
         metrics.update(
             update(

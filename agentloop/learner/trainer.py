@@ -28,14 +28,17 @@ from typing import Any
 import sqlalchemy as sa
 import torch
 
+from agentloop.agent.actions import parse_action
 from agentloop.agent.episode import Limits
 from agentloop.agent.evaluate import run_eval, summarize
-from agentloop.learner import adapters
+from agentloop.learner import adapters, experts
 from agentloop.learner.checkpoint import Checkpoint, rng_state
 from agentloop.learner.config import LoopConfig
 from agentloop.learner.model import load_base, lora_model
+from agentloop.learner.stepagent import agrees
 from agentloop.learner.task_source import load_source
 from agentloop.learner.update import LogprobModel
+from agentloop.policy.base import GenerationRequest
 from agentloop.policy.local import LocalPolicy
 from agentloop.settings import Settings
 from agentloop.store import adapters as adapter_store
@@ -222,7 +225,7 @@ class Trainer:
         algo = self.config.algo_at(i)
         method = getattr(self, f"{FAMILY[algo]}_iteration", None)
         if method is None:
-            raise ValueError(f"{type(self).__name__} cannot run {algo!r}; use learner.run.trainer_for(config)")
+            raise ValueError(f"{type(self).__name__} cannot run {algo!r}; use learner.run.AgentTrainer")
         lr = self.config.phase_lr(algo)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -242,8 +245,6 @@ class Trainer:
 
     def expert_batch(self, i: int) -> tuple[list[Any], dict[str, float]]:
         """The iteration's expert trajectories as rollouts, and how many came from each source."""
-        from agentloop.learner import experts
-
         c = self.config
         tasks: list[Any] = []
         counts: dict[str, float] = {}
@@ -256,9 +257,7 @@ class Trainer:
                     tasks += demos
                     counts |= {"experts/demonstrations": float(len(demos)), "experts/not_replayed": float(unusable)}
                 if "logged" in c.expert_sources:
-                    logged = experts.logged_experts(
-                        s, self.source, self.source.tenant_id, c.experts_per_iteration // 4, set()
-                    )
+                    logged = experts.logged_experts(s, self.source, self.source.tenant_id, c.experts_per_iteration // 4)
                     tasks += logged
                     counts["experts/logged"] = float(len(logged))
         if "oracle" in c.expert_sources:
@@ -270,11 +269,6 @@ class Trainer:
     def dev_agreement(self) -> float:
         """Expert-action agreement, in percent: the greedy action equals the expert's at held-out dev oracle
         prefixes (the same prefixes every time)."""
-        from agentloop.agent.actions import parse_action
-        from agentloop.learner import experts
-        from agentloop.learner.stepagent import agrees
-        from agentloop.policy.base import GenerationRequest
-
         if self.agreement_steps is None:
             dev = [t for t in self.source.dev if t.expert is not None]
             steps = [

@@ -8,7 +8,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agentloop.learner.config import LoopConfig
 from agentloop.learner.model import lora_model
-from agentloop.learner.run import trainer_for
+from agentloop.learner.run import AgentTrainer
 from agentloop.settings import get_settings
 from agentloop.store.db import session_scope
 from agentloop.store.models import TrainingRun
@@ -39,7 +39,7 @@ def _trainer(algo, lights_model_dir, **overrides):
         s.add(run)
         s.flush()
         run_id = run.id
-    trainer = trainer_for(config)(get_settings(), config, run_id, model=lora_model(base, config, None), tokenizer=tok)
+    trainer = AgentTrainer(get_settings(), config, run_id, model=lora_model(base, config, None), tokenizer=tok)
     trainer.setup()
     return trainer
 

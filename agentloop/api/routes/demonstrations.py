@@ -2,22 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Query, Response, status
 
 from agentloop.api import demonstrations, service
 from agentloop.api.deps import CurrentPrincipal, SessionDep
-from agentloop.api.schemas import DemonstrationCreate, DemonstrationPage, DemonstrationPublic, ErrorBody
+from agentloop.api.schemas import ERRORS, DemonstrationCreate, DemonstrationPage, DemonstrationPublic, ErrorBody
 from agentloop.settings import get_settings
 
 router = APIRouter(prefix="/v1/demonstrations", tags=["demonstrations"])
-
-ERRORS: dict[int | str, dict[str, Any]] = {
-    401: {"model": ErrorBody},
-    404: {"model": ErrorBody},
-    422: {"model": ErrorBody},
-}
 
 
 @router.post(

@@ -15,6 +15,7 @@ from agentloop.api import service, streams
 from agentloop.api.deps import CurrentPrincipal, SessionDep
 from agentloop.api.errors import InvalidRequest
 from agentloop.api.schemas import (
+    ERRORS,
     ErrorBody,
     FeedbackCreate,
     FeedbackPublic,
@@ -27,12 +28,6 @@ from agentloop.settings import get_settings
 from agentloop.worker.dispatch import publish_episode
 
 router = APIRouter(prefix="/v1/tasks", tags=["tasks"])
-
-ERRORS: dict[int | str, dict[str, Any]] = {
-    401: {"model": ErrorBody},
-    404: {"model": ErrorBody},
-    422: {"model": ErrorBody},
-}
 
 
 @router.post(
