@@ -87,7 +87,9 @@ class Episode:
     def __post_init__(self) -> None:
         parts = world_prompt(self.world)  # once per episode (an app's worked example is fetched here)
         self.prompt_token_ids = self.fmt.opening(
-            render_system(self.world, parts), render_task(parts, self.instruction), example_messages(parts.example)
+            render_system(parts),
+            render_task(self.world, parts, self.instruction),
+            example_messages(self.world, parts),
         )
         self.context = list(self.prompt_token_ids)
 

@@ -2,19 +2,24 @@
 appends after each turn. Token-in/token-out: the context is a concatenation of exact token ids;
 nothing already in it is ever re-tokenised.
 
-The opening prompt is composed from the world: its apps, and its provider's persona, conventions and
-worked example (`World.prompt`); a world that supplies none, and a task of attached (external) apps
-only, get the neutral parts of `apps/world_prompt.py`."""
+The opening prompt is composed from the world: its provider's persona, conventions and worked example
+(`World.prompt`); a world that supplies none, and a task of attached (external) apps only, get the neutral
+parts of `apps/world_prompt.py`. The system prompt and the worked example say nothing about one task, so
+every episode of a world opens with the same tokens (the learner runs that shared opening once per batch,
+a server can cache it); the task's message lists its apps, each with an index of its APIs and their
+parameters, then the provider's preamble and the instruction."""
 
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 from agentloop.agent.actions import render_action
-from agentloop.apps.api_doc import one_line
+from agentloop.apps.api_doc import api_index, one_line, text_size
+from agentloop.apps.base import AppSpec
 from agentloop.apps.tasks import ToolCall
 from agentloop.apps.world import ALWAYS_AVAILABLE, World
 from agentloop.apps.world_prompt import WorkedExample, WorldPrompt, neutral_prompt
@@ -25,12 +30,16 @@ log = logging.getLogger(__name__)
 # an app's description in the list of apps: one line of at most this many estimated tokens (`text_size`),
 # about 200 characters of English (external apps write their own)
 DESCRIPTION_SIZE = 50
-DOCS_RULE = "Use api_docs.list_apis and api_docs.show_api_doc to learn an app's APIs and their parameters."
+# all apps' API indexes together: past this many estimated tokens, the remaining apps are listed by name and
+# description only (a task of many large apps still opens within the context; list_apis has the rest)
+INDEXES_SIZE = 1200
+DOCS_RULE = (
+    "Each app is listed with its APIs and their parameters (? marks an optional one). "
+    "api_docs.show_api_doc shows what an API takes and returns; "
+    "api_docs.list_apis lists the APIs a cut list leaves out."
+)
 
 SYSTEM = """{persona}
-
-Apps you can use:
-{apps}
 
 Each turn, reply with exactly one API call, written like this:
 {example_call}
@@ -41,7 +50,12 @@ Rules:
 - When the task is done, call supervisor.complete_task. If the task asks a question, pass the answer:
   {answer_call}
 
-The first task below is a worked example; the real task comes after it."""
+Each task says which apps you can use. The first task below is a worked example; the real task comes after it."""
+
+TASK = """Apps you can use:
+{apps}
+
+{preamble}Task: {instruction}"""
 
 
 def world_prompt(world: World) -> WorldPrompt:
@@ -68,34 +82,53 @@ def app_example(world: World) -> WorkedExample | None:
     return None
 
 
-def render_system(world: World, parts: WorldPrompt) -> str:
-    listed = [name for name in world.available if name not in parts.unlisted_apps]
-    apps = [_app_line(name, world.apps[name].description) for name in listed]
+def render_system(parts: WorldPrompt) -> str:
+    """The system prompt: the same for every task of a world (nothing in it names a task or its apps)."""
     return SYSTEM.format(
         persona=parts.persona,
-        apps="\n".join(apps),
         example_call=render_action(parts.first_call),
         rules="\n".join(f"- {rule}" for rule in (DOCS_RULE, *parts.conventions)),
         answer_call=render_action(ToolCall("supervisor", "complete_task", {"answer": "42"})),
     )
 
 
-def _app_line(name: str, description: str) -> str:
-    summary = one_line(description, DESCRIPTION_SIZE)
-    return f"- {name}: {summary}" if summary else f"- {name}"
+def app_lines(world: World, names: list[str], extra: Mapping[str, AppSpec] | None = None) -> str:
+    """Each app on a line with its one-line description, and under it its API index while the indexes
+    together stay within INDEXES_SIZE estimated tokens. `extra`: specs of apps the world does not have."""
+    lines, used = [], 0
+    for name in names:
+        spec = world.apps.get(name) or (extra or {}).get(name)
+        summary = one_line(spec.description, DESCRIPTION_SIZE) if spec is not None else ""
+        lines.append(f"- {name}: {summary}" if summary else f"- {name}")
+        index = api_index(list(spec.apis.values())) if spec is not None else ""
+        size = text_size(index)
+        if index and used + size <= INDEXES_SIZE:
+            lines.append(f"  APIs: {index}")
+            used += size
+    return "\n".join(lines)
 
 
-def example_messages(example: WorkedExample) -> list[dict[str, str]]:
-    """The worked example as chat messages: the task, then each call and what it returned."""
-    messages = [{"role": "user", "content": f"Task: {example.instruction}"}]
+def listed_apps(world: World, parts: WorldPrompt) -> list[str]:
+    return [name for name in world.available if name not in parts.unlisted_apps]
+
+
+def example_messages(world: World, parts: WorldPrompt) -> list[dict[str, str]]:
+    """The worked example as chat messages: the task (with the apps its calls use), then each call and
+    what it returned."""
+    example = parts.example
+    apps = list(dict.fromkeys(step.call.app for step in example.steps if step.call.app not in parts.unlisted_apps))
+    task = TASK.format(apps=app_lines(world, apps, parts.example_apps), preamble="", instruction=example.instruction)
+    messages = [{"role": "user", "content": task}]
     for step in example.steps:
         messages.append({"role": "assistant", "content": render_action(step.call)})
         messages.append({"role": "user", "content": render_observation(step.call, True, step.observation)})
     return messages
 
 
-def render_task(parts: WorldPrompt, instruction: str) -> str:
-    return f"{parts.preamble}Task: {instruction}"
+def render_task(world: World, parts: WorldPrompt, instruction: str) -> str:
+    return TASK.format(
+        apps=app_lines(world, listed_apps(world, parts)), preamble=parts.preamble, instruction=instruction
+    )
 
 
 def render_observation(call: ToolCall | None, ok: bool, value: Any) -> str:

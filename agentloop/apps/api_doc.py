@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from agentloop.apps.base import Api
 
 SUMMARY_SIZE = 25  # of an API's summary in list_apis (about 100 characters of English)
+INDEX_SIZE = 250  # of an app's API index in the prompt (`api_index`): about 20 APIs with their parameters
 DOC_MAX_SIZE = 950  # of one show_api_doc result
 OUTLINE_MAX_DEPTH = 12  # nested schemas written out; deeper ones are "…"
 ELLIPSIS = "…"
@@ -77,6 +78,39 @@ def one_line(text: str, max_size: int = SUMMARY_SIZE) -> str:
     if sentence and text_size(sentence.group(1)) <= max_size:
         return sentence.group(1)
     return clip(line, max_size)
+
+
+def api_signature(api: Api) -> str:
+    """`name(param, optional?, ...)`: an API's parameters by name, `?` marking the optional ones; the access
+    token a logged-in API takes is left out (the world's rules say how to get one)."""
+    props = api.parameters.get("properties") or {}
+    required = set(api.parameters.get("required") or ())
+    names = [n if n in required else f"{n}?" for n in props if not (api.login_required and n == "access_token")]
+    return f"{api.name}({', '.join(names)})"
+
+
+def api_index(apis: list[Api], max_size: int | None = INDEX_SIZE) -> str:
+    """An app's APIs on one line, in `list_apis` order, each with its parameters (`api_signature`). Past
+    `max_size`, an API keeps its parameters only while every later one still fits by name, and when even
+    the names do not fit the line ends in "… (N more)". Hidden APIs are never listed."""
+    shown = [a for a in apis if not a.hidden]
+    full = [api_signature(a) for a in shown]
+    if max_size is None or text_size(", ".join(full)) <= max_size:
+        return ", ".join(full)
+    names = [a.name for a in shown]
+    fit = len(names)  # the most APIs that fit by name, with the note of how many more there are
+    while (
+        fit
+        and text_size(", ".join(names[:fit]) + (f", {ELLIPSIS} ({len(names) - fit} more)" if fit < len(names) else ""))
+        > max_size
+    ):
+        fit -= 1
+    more = f"{ELLIPSIS} ({len(names) - fit} more)" if fit < len(names) else ""
+    parts: list[str] = []
+    for i in range(fit):
+        with_params = ", ".join([*parts, full[i], *names[i + 1 : fit], *([more] if more else [])])
+        parts.append(full[i] if text_size(with_params) <= max_size else names[i])
+    return ", ".join([*parts, *([more] if more else [])])
 
 
 def type_name(schema: Any) -> Any:

@@ -10,8 +10,8 @@ An external app may serve its own worked example from the hidden operation `agen
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import cache
 from typing import TYPE_CHECKING, Any
@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from agentloop.apps.tasks import ToolCall
 
 if TYPE_CHECKING:
+    from agentloop.apps.base import AppSpec
     from agentloop.apps.world import World
 
 EXAMPLE_MAX_STEPS = 12
@@ -50,6 +51,9 @@ class WorldPrompt:
     example: WorkedExample
     preamble: str = ""  # what the user message says before "Task: <instruction>"
     unlisted_apps: frozenset[str] = frozenset()  # apps available but not listed among "Apps you can use"
+    # apps the worked example calls that its worlds do not have (the neutral example's weather app): the
+    # example's task lists them with their APIs as a real task lists its own
+    example_apps: Mapping[str, AppSpec] = field(default_factory=dict)
 
 
 # How a World gets its provider's parts: called once per episode, with the episode's world.
@@ -100,9 +104,8 @@ def neutral_prompt() -> WorldPrompt:
         state={"api_docs": {}, "weather": {}},
         available=["api_docs", "weather"],
     )
+    # the task's message lists the apps and their APIs; the example reads the one doc it needs
     calls = [
-        ToolCall("api_docs", "list_apps", {}),
-        ToolCall("api_docs", "list_apis", {"app_name": "weather"}),
         ToolCall("api_docs", "show_api_doc", {"app_name": "weather", "api_name": "show_forecast"}),
         ToolCall("weather", "show_forecast", {"city": "Lisbon", "days": 2}),
     ]
@@ -113,6 +116,7 @@ def neutral_prompt() -> WorldPrompt:
         conventions=("Never guess ids or values: look them up with the apps' APIs.",),
         first_call=ToolCall("api_docs", "list_apps", {}),
         example=WorkedExample(NEUTRAL_INSTRUCTION, tuple(steps)),
+        example_apps={"weather": weather},
         # the supervisor app only ends the episode here (the rules say how); it is nobody's persona
         unlisted_apps=frozenset({"supervisor"}),
     )

@@ -1,6 +1,7 @@
 """The opening prompt is composed from the world: the built-in world's persona, conventions and worked
-example (unchanged, token for token), a neutral prompt for worlds that supply none and for external
-apps' tasks, and an external app's own worked example (agentloop_example) with its fallback."""
+example (pinned token for token), a neutral prompt for worlds that supply none and for external apps'
+tasks, and an external app's own worked example (agentloop_example) with its fallback. Every task of a
+world opens with the same tokens; the task's own message lists its apps with their API indexes."""
 
 import copy
 import hashlib
@@ -21,19 +22,20 @@ from agentloop.apps.world_prompt import EXAMPLE_MAX_CHARS, NEUTRAL_INSTRUCTION, 
 from tests.apps.loopback_app import API_KEY, EXAMPLE, serve_loopback_app
 from tests.learner.lights_world import LightsWorld
 
-# sha256 of str(prompt_token_ids) with SmolLM2's tokenizer, computed from the code before prompts were
-# composed from the world: the built-in world's episodes must keep exactly these tokens
+# sha256 of str(prompt_token_ids) with SmolLM2's tokenizer, taken when the apps moved from the system
+# prompt into the task's message: a change to the built-in world's prompt shows up here, and must be meant
 BUILTIN_PROMPTS = {
-    "wallet_send_money-1": (851, "c85f907e48d94c6047426d7b31890f65cb3c6d27875302691620d7f44a12df01"),
-    "notes_delete_titled-2": (839, "de5190c657492fb4083b828ac0ddcac8e68b6692afd70d1692192a7d7db111b6"),
-    "calendar_reschedule-1": (869, "08a9d143d53fd216bacd7d31cd9a5699d59ece35a17a6e6f117db15c71bde637"),
-    "calendar_cancel_event-1": (850, "999d5eb108e261f31ae2d2aa9123369280b727e324559908c4cc07701de1a70e"),
-    "files_read_tax_figure-1": (865, "28f1c8c04a71a37f4f4dbef7f2e4fc52c99edaafd4d218322b337e1bf9024cd7"),
+    "wallet_send_money-1": (1230, "45c0decd3dfd973681639d4de374f1c928a8a18a1609161fa554c8af51d76f9e"),
+    "notes_delete_titled-2": (1206, "74d36c7bb83cf077e464a7fba546bd1a92b07ef66f7822ff257a834b8b4a76c7"),
+    "calendar_reschedule-1": (1304, "ef5be38d24f1faa2fceff82b0e4da1b5025471f172b5db527001fba813f0cf6b"),
+    "calendar_cancel_event-1": (1286, "aff687f8e99c558e5fefbaece283cb478a402f406696578a5e04709b98f8cf4b"),
+    "files_read_tax_figure-1": (1238, "16c5e765cab5a8e2efd6f62100189fffec54a4cd771874bb14f25cb8ac236c32"),
 }
 # a built-in world with an instruction, two built-in apps and an external app attached beside them
-ADHOC_PROMPT = (864, "44202ac6ab32d894d3194c594737ba969397bcfa54249b22e11930bbe8591df1")
+ADHOC_PROMPT = (1328, "0c3543ede6f80b39b0b1a63e4ee881b405f8f15d097e653c71e5b1ff13760ffe")
 
-BUILTIN_WORDS = ("notes", "login", "access_token", "password", "page_index", "email", "The person you work for")
+# (page_index is not among them: api_docs.list_apis takes it in every world, and the API index shows it)
+BUILTIN_WORDS = ("notes", "login", "access_token", "password", "email", "The person you work for")
 
 
 @pytest.fixture(scope="module")
@@ -80,10 +82,52 @@ def external_world(app: ExternalApp):
 
 
 @pytest.mark.parametrize("task_ref", sorted(BUILTIN_PROMPTS))
-def test_builtin_prompts_are_unchanged_token_for_token(fmt, task_ref):
+def test_builtin_prompts_are_pinned_token_for_token(fmt, task_ref):
     task = BUILTIN.task(task_ref)
     ep = Episode(BUILTIN.task_world(task_ref), fmt, task.instruction, Limits())
     assert digest(ep.prompt_token_ids) == BUILTIN_PROMPTS[task_ref]
+
+
+def last_user_message(text: str) -> str:
+    return text.rsplit("<|im_start|>user\n", 1)[1].split("<|im_end|>")[0]
+
+
+def test_every_builtin_task_opens_with_the_same_tokens_up_to_its_own_message(fmt, tokenizer):
+    """Tasks of other people, apps and days share the system prompt and the worked example, token for
+    token, so the learner and a server run that opening once; what differs starts in the task's message."""
+    refs = ["wallet_send_money-1", "notes_delete_titled-2", "calendar_reschedule-1", "files_read_tax_figure-1"]
+    prompts = [
+        Episode(BUILTIN.task_world(r), fmt, BUILTIN.task(r).instruction, Limits()).prompt_token_ids for r in refs
+    ]
+    common = 0
+    while all(p[common] == prompts[0][common] for p in prompts):
+        common += 1
+    opening = tokenizer.decode(prompts[0][:common])
+    example_end = "Task marked as complete.<|im_end|>\n<|im_start|>user\nApps you can use:\n"
+    assert example_end in opening and "Task: " not in opening.split(example_end)[1]  # into the apps list only
+    assert common > 800  # the system prompt and the worked example, most of each prompt
+    for ref, ids in zip(refs, prompts, strict=True):
+        task = BUILTIN.task(ref)
+        message = last_user_message(tokenizer.decode(ids))
+        world = BUILTIN.task_world(ref)
+        me = world.state["supervisor"]["profile"]["1"]
+        assert f"I am {me['first_name']} {me['last_name']}." in message and message.endswith(
+            f"Task: {task.instruction}"
+        )
+        for app in world.available:
+            assert f"\n- {app}: " in f"\n{message}", (ref, app)
+        assert me["last_name"] not in tokenizer.decode(prompts[0][:common])
+
+
+def test_the_task_message_indexes_each_apps_apis_with_their_parameters(fmt, tokenizer):
+    world = BUILTIN.task_world("wallet_send_money-1")
+    message = last_user_message(prompt_text(tokenizer, world, "Send Ann $5.", fmt))
+    lines = message.splitlines()
+    wallet = lines.index(next(line for line in lines if line.startswith("- wallet: ")))
+    index = lines[wallet + 1]
+    assert index.startswith("  APIs: ") and "login(username, password)" in index
+    # the access token every logged-in API takes is the rules' business, not the index's
+    assert "access_token" not in index and "page_index?" in index
 
 
 def test_builtin_conventions_stay_when_an_external_app_sits_beside_builtin_apps(fmt):
@@ -99,8 +143,9 @@ def test_an_external_apps_task_gets_a_neutral_prompt(loopback, fmt, tokenizer):
     world, instruction = external_world(todolite(base_url, bare))
     text = prompt_text(tokenizer, world, instruction, fmt)
     system, _, rest = text.partition("<|im_end|>")
-    assert "- todolite: A to-do list.\n" in system and "It keeps one list" not in system  # one line per app
-    assert "- api_docs: " in system and "api_docs.show_api_doc" in system
+    message = last_user_message(text)
+    assert "- todolite: A to-do list.\n  APIs: " in message and "It keeps one list" not in message  # one line
+    assert "- api_docs: " in message and "api_docs.show_api_doc" in system
     assert "You are an assistant that completes tasks by calling the APIs of apps." in system
     assert f"Task: {NEUTRAL_INSTRUCTION}" in rest and "weather.show_forecast returned" in rest
     assert rest.rstrip().endswith(f"Task: {instruction}<|im_end|>\n<|im_start|>assistant")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -18,7 +19,16 @@ from agentloop.agent.actions import render_action
 from agentloop.agent.episode import Episode, Limits, Turn, run_episodes
 from agentloop.agent.prompt import ChatFormat
 from agentloop.api.app import create_app
-from agentloop.apps.api_doc import DOC_MAX_SIZE, clip, fitted_api_doc, json_size, one_line, text_size
+from agentloop.apps.api_doc import (
+    DOC_MAX_SIZE,
+    INDEX_SIZE,
+    api_index,
+    clip,
+    fitted_api_doc,
+    json_size,
+    one_line,
+    text_size,
+)
 from agentloop.apps.base import Api, ApiError, AppSpec
 from agentloop.apps.builtin import BUILTIN
 from agentloop.apps.openapi import RETURNS_SCHEMA_SIZE, parse_document
@@ -578,3 +588,57 @@ def test_operations_stored_in_an_older_format_are_resolved_again(api):
         stored = s.scalars(sa.select(App)).one().operations
         assert stored["format"] == OPERATIONS_FORMAT == 2
         assert stored["operations"][0]["summary"] == "List the widgets."
+
+
+def test_the_prompt_indexes_a_200_operation_app_within_its_budget(api, tokenizer):
+    """The task's message lists every app with its APIs; an app too large to index whole is cut to the
+    budget, by name where parameters do not fit, and says how many more list_apis has."""
+    client, keys = api
+    assert register(client, keys.tenant_a_admin, big_document(200)).status_code == 201
+    ep = start_episode(client, keys.tenant_a_admin, tokenizer, ["crm"])
+    message = tokenizer.decode(ep.prompt_token_ids).rsplit("Apps you can use:\n", 1)[1]
+    (index,) = [line for line in message.splitlines() if line.startswith("  APIs: ") and "more)" in line]
+    assert text_size(index.removeprefix("  APIs: ")) <= INDEX_SIZE
+    shown = index.removeprefix("  APIs: ").split(", ")
+    more = int(re.fullmatch(r"… \((\d+) more\)", shown[-1]).group(1))
+    names = [part.split("(")[0] for part in shown[:-1]]
+    assert names == list(expected_operations(big_document(200)))[: len(names)] and len(names) + more == 200
+
+
+def index_app() -> AppSpec:
+    app = AppSpec(name="crm", description="Customer records.", login=True)
+
+    def find(ctx: Any, query: str, limit: int = 10) -> list[Any]:
+        return []
+
+    def show(ctx: Any, customer_id: int) -> dict[str, Any]:
+        return {}
+
+    def count(ctx: Any) -> int:
+        return 0
+
+    app.api("Find customers.", params={"query": {"type": "string"}, "limit": {"type": "integer"}}, required=["query"])(
+        find
+    )
+    app.api("One customer.", params={"customer_id": {"type": "integer"}}, required=["customer_id"])(show)
+    app.api("How many customers.")(count)
+    return app
+
+
+def test_an_api_index_names_parameters_marks_the_optional_ones_and_leaves_out_the_access_token():
+    apis = list(index_app().apis.values())
+    assert api_index(apis) == "find(query, limit?), show(customer_id), count()"
+    assert "access_token" in apis[0].parameters["properties"]  # the API takes it; the index does not say so
+
+
+def test_an_api_index_over_its_budget_drops_parameters_before_it_drops_apis():
+    apis = list(index_app().apis.values())
+    full = api_index(apis, None)
+    assert api_index(apis, text_size(full)) == full
+    assert api_index(apis, text_size(full) - 1) == "find(query, limit?), show(customer_id), count"  # first come first
+    assert api_index(apis, text_size("find, show, count")) == "find, show, count"
+    longer = [*apis, replace(apis[2], name="count_customers_by_region_and_segment")]
+    assert api_index(longer, text_size("find, show, count, … (1 more)")) == "find, show, count, … (1 more)"
+    assert api_index(apis, 1) == "… (3 more)"
+    hidden = replace(apis[1], hidden=True)
+    assert api_index([apis[0], hidden, apis[2]]) == "find(query, limit?), count()"

@@ -45,9 +45,10 @@ def test_plugin_world_supplies_its_own_prompt(installed_plugin, tokenizer):
     assert system.startswith("<|im_start|>system\nYou keep the counter of the toy world.")
     assert "- The counter only goes up: add to it, never subtract." in system
     assert '{"app": "counter", "api": "show", "args": {}}' in system  # its own first call
-    assert "- counter: A counter you can add to." in system and "- supervisor" not in system
+    message = rest.rsplit("<|im_start|>user\n", 1)[1]  # the task's own: its apps, then the instruction
+    assert "- counter: A counter you can add to.\n  APIs: " in message and "- supervisor" not in message
     assert "Task: Add 1 to the counter." in rest and "counter.add returned" in rest  # its worked example
-    for builtin in ("notes", "login", "page_index", "Toy User"):
+    for builtin in ("notes", "login", "Toy User"):
         assert builtin not in system + rest
 
 

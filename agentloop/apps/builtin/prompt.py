@@ -35,12 +35,14 @@ EXAMPLE = WorkedExample(
 
 
 def builtin_prompt(world: World) -> WorldPrompt:
-    """The supervisor (the world's person), its conventions, and the time (the world's frozen "now")."""
+    """The supervisor (the world's person, named in the task's preamble), the world's conventions, and the
+    time (the world's frozen "now")."""
     me = world.state["supervisor"]["profile"]["1"]
     now = world.now
     return WorldPrompt(
-        persona=f"You are an assistant that completes tasks for {me['first_name']} {me['last_name']} by calling "
-        "the APIs of their apps.",
+        # the same for everyone: who the person is comes with the task (the preamble)
+        persona="You are an assistant that completes tasks for the person you work for (the supervisor) by "
+        "calling the APIs of their apps.",
         conventions=CONVENTIONS,
         first_call=ToolCall("api_docs", "list_apis", {"app_name": "supervisor"}),
         example=EXAMPLE,
