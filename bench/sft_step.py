@@ -1,97 +1,146 @@
-"""Speed of one supervised step on real oracle episodes, by where the LoRA adapter sits: on every decoder
-layer (the learner's default) or on the upper layers only (backward then stops at the lowest adapted layer).
+"""Speed and memory of one supervised step on real oracle episodes (fresh `<scenario>@<seed>` train tasks of
+the built-in world), two layouts side by side:
 
-    python bench/sft_step.py [--quick] [--episodes N] [--top-layers K] [--write-docs]
+* whole: LoRA on every decoder layer, micro-batches of at most 4096 padded tokens (the learner's defaults);
+  an episode of ~2500 tokens then goes through alone, its shared opening run once per episode;
+* fast: LoRA on the upper `--top-layers` layers only (`lora_layers`: the layers below run without
+  gradients), micro-batches of `--micro-tokens` tokens counting the episodes' shared opening (the system
+  prompt and worked example, ~1000 tokens) once.
 
-Both variants train on the same episodes (the first train tasks' oracle solutions, played through the
-episode loop), one after the other in this process, each after a warm-up step: tokens/s = the episodes'
-tokens / the seconds of one `supervised_steps` step. Last line: a JSON object with `all_tps`, `top_tps` and
-`top_all_tps_ratio`.
+    python bench/sft_step.py [--quick] [--episodes N] [--top-layers K] [--micro-tokens T] [--write-docs]
+
+Each layout runs in a process of its own (so that its peak RSS is its own), on the same episodes: a warm-up
+step on one episode, then one timed `supervised_steps` step on all of them; tokens/s = the episodes'
+tokens / that step's seconds. Last line: a JSON object with `whole_tps`, `fast_tps` and `fast_whole_ratio`.
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
+import json
+import random
+import resource
+import subprocess
 import sys
 import time
+from typing import Any
 
 import torch
 
 from agentloop.agent.episode import Limits
-from agentloop.agent.eval_runs import world_tasks
-from agentloop.apps.builtin import BUILTIN
+from agentloop.learner.config import LoopConfig
 from agentloop.learner.experts import expert_rollouts
-from agentloop.learner.sft import supervised_steps
+from agentloop.learner.loop import shared_opening
+from agentloop.learner.model import lora_model
+from agentloop.learner.sft import micro_batches, supervised_steps
+from agentloop.learner.task_source import TaskSource
 from agentloop.policy.models import resolve_model_dir
 from agentloop.settings import get_settings
 
 from report import emit, machine, write_section
 
-TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+WHOLE_MICRO_TOKENS = 4096
 
 
-def step_tps(model_dir: str, demos: list, pad_id: int, layers: list[int] | None) -> float:
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
+def episodes(tokenizer: Any, n: int, quick: bool) -> list[Any]:
+    tasks = TaskSource(world="builtin", train=[]).fresh(random.Random(0), n)
+    return expert_rollouts(tokenizer, tasks, Limits(max_turns=2 if quick else 30, max_new_tokens=4096))
 
+
+def child(layout: str, n: int, quick: bool, top_layers: int, micro_tokens: int) -> dict[str, Any]:
+    """One layout's figures (run in its own process)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    settings = get_settings()
+    model_dir = resolve_model_dir(settings.model, settings.models_dir)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    demos = episodes(tok, n, quick)
     torch.manual_seed(0)
     base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    for p in base.parameters():
-        p.requires_grad_(False)
-    config = LoraConfig(r=16, lora_alpha=32, target_modules=TARGETS, layers_to_transform=layers, task_type="CAUSAL_LM")
-    model = get_peft_model(base, config)
-    supervised_steps(model, demos, pad_id, 1, 1e-4, batch_size=len(demos))  # warm-up
+    config = LoopConfig(lora_layers=top_layers if layout == "fast" else 0)
+    model = lora_model(base, config, None)
+    micro = micro_tokens if layout == "fast" else WHOLE_MICRO_TOKENS
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    supervised_steps(model, demos[:1], tok.eos_token_id, 1, 1e-4, batch_size=1, micro_tokens=micro)  # warm-up
     t0 = time.perf_counter()
-    supervised_steps(model, demos, pad_id, 1, 1e-4, batch_size=len(demos))
+    supervised_steps(model, demos, tok.eos_token_id, 1, 1e-4, batch_size=len(demos), micro_tokens=micro)
     seconds = time.perf_counter() - t0
-    del model, base
-    gc.collect()
-    return sum(len(r.token_ids) for r in demos) / seconds
+    tokens = [len(r.token_ids) for r in demos]
+    groups = micro_batches(demos, micro)
+    return {
+        "layout": layout,
+        "tokens": tokens,
+        "seconds": round(seconds, 1),
+        "tps": round(sum(tokens) / seconds, 1),
+        "micro_batches": [len(g) for g in groups],
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+        "rss_before_mb": round(rss_before),
+    }
+
+
+def run_child(layout: str, args: argparse.Namespace) -> dict[str, Any]:
+    cmd = [sys.executable, __file__, "--child", layout, "--episodes", str(args.episodes)]
+    cmd += ["--top-layers", str(args.top_layers), "--micro-tokens", str(args.micro_tokens)]
+    cmd += ["--quick"] if args.quick else []
+    out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="one short episode")
-    ap.add_argument("--episodes", type=int, default=2, help="oracle episodes in the step")
-    ap.add_argument("--top-layers", type=int, default=10, help="K: the variant adapts the upper K layers only")
+    ap.add_argument("--quick", action="store_true", help="two short episodes")
+    ap.add_argument("--episodes", type=int, default=4, help="oracle episodes in the step (the bench's batch)")
+    ap.add_argument("--top-layers", type=int, default=10, help="K: the fast layout adapts the upper K layers")
+    ap.add_argument("--micro-tokens", type=int, default=8192, help="the fast layout's micro-batch budget")
+    ap.add_argument("--child", choices=("whole", "fast"), help=argparse.SUPPRESS)
     ap.add_argument("--write-docs", action="store_true", help="update docs/benchmarks.md")
     args = ap.parse_args()
-    settings = get_settings()
-    model_dir = str(resolve_model_dir(settings.model, settings.models_dir))
-    from transformers import AutoConfig, AutoTokenizer
+    if args.quick:
+        args.episodes = 2
+    if args.child:
+        print(json.dumps(child(args.child, args.episodes, args.quick, args.top_layers, args.micro_tokens)))
+        return
+    from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    n_layers = int(AutoConfig.from_pretrained(model_dir).num_hidden_layers)
-    tasks = world_tasks(BUILTIN, "train", None)[: 1 if args.quick else args.episodes]
-    demos = expert_rollouts(tok, tasks, Limits(max_turns=2 if args.quick else 16, max_new_tokens=4096))
-    tokens = [len(r.token_ids) for r in demos]
-    print(f"episodes of {tokens} tokens; {n_layers} layers", file=sys.stderr)
-    top = list(range(n_layers - args.top_layers, n_layers))
-    all_tps = step_tps(model_dir, demos, tok.eos_token_id, None)
-    top_tps = step_tps(model_dir, demos, tok.eos_token_id, top)
+    settings = get_settings()
+    tok = AutoTokenizer.from_pretrained(resolve_model_dir(settings.model, settings.models_dir))
+    demos = episodes(tok, args.episodes, args.quick)
+    ids = [r.token_ids[: min(len(r.token_ids) for r in demos)] for r in demos]
+    opening = shared_opening(torch.tensor(ids), None)
+    print(f"episodes of {[len(r.token_ids) for r in demos]} tokens, {opening} shared", file=sys.stderr)
+    whole = run_child("whole", args)
+    fast = run_child("fast", args)
     result = {
-        "episodes_tokens": tokens,
-        "layers": n_layers,
+        "episodes_tokens": whole["tokens"],
+        "shared_opening": opening,
         "top_layers": args.top_layers,
-        "all_tps": round(all_tps, 1),
-        "top_tps": round(top_tps, 1),
-        "top_all_tps_ratio": round(top_tps / all_tps, 3),
+        "micro_tokens": args.micro_tokens,
+        "whole_tps": whole["tps"],
+        "fast_tps": fast["tps"],
+        "fast_whole_ratio": round(fast["tps"] / whole["tps"], 3),
+        "whole_peak_rss_mb": whole["peak_rss_mb"],
+        "fast_peak_rss_mb": fast["peak_rss_mb"],
+        "whole_micro_batches": whole["micro_batches"],
+        "fast_micro_batches": fast["micro_batches"],
     }
     if args.write_docs:
+        flags = f"--episodes {args.episodes} --top-layers {args.top_layers} --micro-tokens {args.micro_tokens}"
         write_section(
             "sft_step",
-            f"## Supervised step by LoRA layout (`bench/sft_step.py`)\n\n"
-            f"`python bench/sft_step.py --episodes {args.episodes} --top-layers {args.top_layers} --write-docs` "
-            f"on {machine()}; model `{settings.model_name}`, fp32, LoRA r16 on q,k,v,o,gate,up,down, one AdamW step "
-            f"on {len(tokens)} oracle episode(s) of {tokens} tokens after a warm-up step.\n\n"
-            "| LoRA on | tokens/s |\n|---|---|\n"
-            f"| all {n_layers} layers (default) | {result['all_tps']} |\n"
-            f"| the upper {args.top_layers} layers | {result['top_tps']} |\n\n"
-            f"Ratio upper-{args.top_layers} / all: {result['top_all_tps_ratio']}. At the default's speed one "
-            "oracle episode of ~2300 tokens costs close to a minute of supervised training on 2 cores, which is "
-            "what bounds the StepAgent curve's budgets; whether adapting fewer layers learns as well is not "
-            "measured here.\n",
+            f"## Supervised step: whole rows vs shared opening and upper layers (`bench/sft_step.py`)\n\n"
+            f"`python bench/sft_step.py {flags} --write-docs` on {machine()}; model `{settings.model_name}`, fp32, "
+            f"LoRA r16 on q,k,v,o,gate,up,down; one AdamW step on {len(whole['tokens'])} oracle episodes of fresh "
+            f"procedural train tasks ({whole['tokens']} tokens, the first {opening} the same in every one: the "
+            "system prompt and worked example), after a warm-up step; each layout in a process of its own.\n\n"
+            "| layout | micro-batches (episodes each) | tokens/s | peak RSS (MB) |\n|---|---|---|---|\n"
+            f"| whole: LoRA on all layers, {WHOLE_MICRO_TOKENS} padded tokens per micro-batch (defaults) | "
+            f"{whole['micro_batches']} | {whole['tps']} | {whole['peak_rss_mb']} |\n"
+            f"| fast: LoRA on the upper {args.top_layers} layers (`lora_layers`), {args.micro_tokens} tokens per "
+            f"micro-batch, the shared opening counted once | {fast['micro_batches']} | {fast['tps']} | "
+            f"{fast['peak_rss_mb']} |\n\n"
+            f"Speedup fast / whole: {result['fast_whole_ratio']}x, measured one after the other in one run. "
+            "Whether adapting the upper layers only learns as well is for the learning curves to show "
+            "(`bench/stepagent_curve.py` trains with the fast layout).\n",
         )
     emit(result)
 

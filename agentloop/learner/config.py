@@ -108,6 +108,10 @@ class LoopConfig:
     lora_r: int = field(default=16, metadata={"help": "LoRA rank"})
     lora_alpha: int = field(default=32, metadata={"help": "LoRA alpha"})
     lora_targets: tuple[str, ...] = field(default=LORA_TARGETS, metadata={"help": "modules that get LoRA"})
+    lora_layers: int = field(
+        default=0,
+        metadata={"help": "LoRA on the upper N decoder layers only (0: all); backward stops below them"},
+    )
     # --- rollouts, gate
     rollout_mode: Literal["local", "celery"] = field(
         default="local", metadata={"help": "local: this process samples; celery: the rollouts queue does"}
@@ -172,8 +176,8 @@ class LoopConfig:
                 problems.append(f"{name} must be >= 1")
         if min(self.lr, self.sft_lr, self.stepagent_lr, self.clip_eps, self.dpo_beta, self.disc_lr) <= 0:
             problems.append("lr, sft_lr, stepagent_lr, clip_eps, dpo_beta and disc_lr must be > 0")
-        if self.dpo_anchor < 0 or self.step_omega < 0 or self.agreement_prefixes < 0:
-            problems.append("dpo_anchor, step_omega and agreement_prefixes must be >= 0")
+        if min(self.dpo_anchor, self.step_omega, self.agreement_prefixes, self.lora_layers) < 0:
+            problems.append("dpo_anchor, step_omega, agreement_prefixes and lora_layers must be >= 0")
         if self.temperature != 1.0 and self.recompute_old_logprobs == "never":
             problems.append("rollouts sampled at temperature != 1 need recompute_old_logprobs='auto' or 'always'")
         if self.app is not None and (not isinstance(self.app, str) or not self.app):

@@ -151,7 +151,7 @@ def decoder_hidden(decoder: Any, input_ids: torch.Tensor, attention_mask: torch.
     is most of each sequence."""
     B, T = input_ids.shape
     opening = min(shared_opening(input_ids, attention_mask), T - 1) if B > 1 else 0
-    if opening < SHARED_OPENING_MIN_TOKENS or _checkpointing(decoder):
+    if opening < SHARED_OPENING_MIN_TOKENS or recomputes_layers(decoder):
         return decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
     from transformers import DynamicCache
 
@@ -166,7 +166,7 @@ def decoder_hidden(decoder: Any, input_ids: torch.Tensor, attention_mask: torch.
     return torch.cat([first.last_hidden_state.expand(B, -1, -1), rest], dim=1)
 
 
-def _checkpointing(decoder: Any) -> bool:
+def recomputes_layers(decoder: Any) -> bool:
     """Whether this forward recomputes its layers in backward (activation checkpointing, training, with
     gradients): the replay would drop or rewrite a cache, so rows then run whole, without sharing."""
     return bool(decoder.training and torch.is_grad_enabled() and getattr(decoder, "is_activation_checkpointing", False))

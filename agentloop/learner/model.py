@@ -10,14 +10,23 @@ from agentloop.learner.config import LoopConfig
 from agentloop.settings import Settings
 
 
-def lora_config(config: LoopConfig) -> Any:
-    """PEFT's description of the adapter a LoopConfig asks for."""
+def lora_config(config: LoopConfig, n_layers: int | None = None) -> Any:
+    """PEFT's description of the adapter a LoopConfig asks for; `n_layers`, the base's decoder layers, is
+    needed when `config.lora_layers` adapts the upper ones only."""
     from peft import LoraConfig
 
+    layers = None
+    if config.lora_layers:
+        if n_layers is None:
+            raise ValueError("lora_layers needs the base model's number of decoder layers")
+        if config.lora_layers > n_layers:
+            raise ValueError(f"lora_layers={config.lora_layers}, but the base model has {n_layers} decoder layers")
+        layers = list(range(n_layers - config.lora_layers, n_layers))
     return LoraConfig(
         r=config.lora_r,
         lora_alpha=config.lora_alpha,
         target_modules=list(config.lora_targets),
+        layers_to_transform=layers,
         lora_dropout=0.0,
         bias="none",
         task_type="CAUSAL_LM",
@@ -33,7 +42,7 @@ def lora_model(base: Any, config: LoopConfig, init_from: str | None) -> Any:
     if init_from is not None:
         model = PeftModel.from_pretrained(base, init_from, is_trainable=True)
     else:
-        model = get_peft_model(base, lora_config(config))
+        model = get_peft_model(base, lora_config(config, base.config.num_hidden_layers))
     if config.activation_checkpointing:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     return model

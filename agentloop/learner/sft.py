@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from agentloop.learner.loop import sequence_logprobs
+from agentloop.learner.loop import SHARED_OPENING_MIN_TOKENS, recomputes_layers, sequence_logprobs
 from agentloop.learner.rollouts import Rollout
 from agentloop.learner.trainer import Trainer
 from agentloop.learner.update import collate
@@ -34,9 +34,10 @@ def supervised_steps(
     """`steps` AdamW steps of -mean log p(agent tokens); returns the loss of each step. `optimizer`: the
     caller's (a run's, checkpointed with it), else a fresh AdamW at `lr`; `between_steps(n)` after each.
 
-    A step's sequences go through the model in micro-batches of at most `micro_tokens` padded tokens
-    (one sequence alone when it is longer), gradients accumulated: activations, not the batch size,
-    bound memory (a whole oracle episode is thousands of tokens)."""
+    A step's sequences go through the model in micro-batches of at most `micro_tokens` tokens run (their
+    shared opening counted once, the rest padded; one sequence alone when it is longer), gradients
+    accumulated: activations, not the batch size, bound memory (a whole oracle episode is thousands of
+    tokens)."""
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = optimizer or torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     rng = random.Random(seed)
@@ -47,7 +48,7 @@ def supervised_steps(
         picked = rng.sample(list(rollouts), min(batch_size, len(rollouts)))
         optimizer.zero_grad(set_to_none=True)
         total = 0.0
-        for micro in _micro_batches(picked, micro_tokens):
+        for micro in micro_batches(picked, micro_tokens, shared=not recomputes_layers(model.get_decoder())):
             batch = collate(micro, pad_id).to(device)
             mask = batch.agent_mask
             logp = sequence_logprobs(model, batch.input_ids, batch.attention_mask, chunk, target_mask=mask)
@@ -64,15 +65,33 @@ def supervised_steps(
     return losses
 
 
-def _micro_batches(rollouts: Sequence[Rollout], micro_tokens: int) -> list[list[Rollout]]:
-    """Consecutive groups (by length) whose padded size stays within `micro_tokens`."""
+def micro_batches(rollouts: Sequence[Rollout], micro_tokens: int, shared: bool = True) -> list[list[Rollout]]:
+    """Consecutive groups (by length) whose cost stays within `micro_tokens`. With `shared`, a group costs
+    its rows' common opening once plus each row's padded rest (`decoder_hidden` runs the opening once):
+    every episode of a world opens with the same system prompt and worked example, so a micro-batch holds
+    more episodes than their whole lengths would let it."""
     groups: list[list[Rollout]] = []
+    opening = 0  # of the last group
     for r in sorted(rollouts, key=lambda r: len(r.token_ids)):
-        if groups and len(r.token_ids) * (len(groups[-1]) + 1) <= micro_tokens:
-            groups[-1].append(r)
-        else:
-            groups.append([r])
+        if groups:
+            common = _common_prefix(groups[-1][0].token_ids, r.token_ids, opening) if shared else 0
+            if common < SHARED_OPENING_MIN_TOKENS:
+                common = 0
+            if common + (len(groups[-1]) + 1) * (len(r.token_ids) - common) <= micro_tokens:
+                groups[-1].append(r)
+                opening = common
+                continue
+        groups.append([r])
+        opening = len(r.token_ids)
     return groups
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int], limit: int) -> int:
+    n = min(len(a), len(b), limit)
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
 
 
 class SftTrainer(Trainer):

@@ -71,3 +71,38 @@ def test_supervised_micro_batches_match_one_batch(tiny_model_dir):
     assert whole[-1] < whole[0]
     for name, value in w_lora.items():
         torch.testing.assert_close(m_lora[name], value, rtol=1e-4, atol=1e-6)
+
+
+def test_micro_batches_count_a_shared_opening_once(tiny_model_dir):
+    from agentloop.learner.sft import micro_batches
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    (demo, _) = _rollouts(tok)
+
+    def row(opening: list[int], own: int) -> object:
+        ids = opening + [own] * 50
+        return dataclasses.replace(demo, token_ids=ids, agent_mask=[1] * len(ids), turn_ids=[0] * len(ids))
+
+    shared = [row(list(range(100)), own) for own in (7, 8, 9)]  # 150 tokens each, the first 100 the same
+    assert [len(g) for g in micro_batches(shared, 100 + 3 * 50)] == [3]
+    assert [len(g) for g in micro_batches(shared, 100 + 3 * 50, shared=False)] == [1, 1, 1]
+    apart = [row([own] * 100, own) for own in (7, 8, 9)]  # nothing in common: whole rows count
+    assert [len(g) for g in micro_batches(apart, 100 + 3 * 50)] == [1, 1, 1]
+    assert [len(g) for g in micro_batches(apart, 2 * 150)] == [2, 1]
+
+
+def test_lora_on_the_upper_layers_only_trains_those(tiny_model_dir):
+    from agentloop.learner.sft import supervised_steps
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    n = base.config.num_hidden_layers
+    with pytest.raises(ValueError, match=f"has {n} decoder layers"):
+        lora_model(base, LoopConfig(lora_layers=n + 1), None)
+    model = lora_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir), LoopConfig(lora_layers=1), None)
+    lora = {name: p.detach().clone() for name, p in model.named_parameters() if p.requires_grad}
+    layers = {int(name.split(".layers.")[1].split(".")[0]) for name in lora}
+    assert layers == {n - 1} and all("lora_" in name for name in lora)
+    supervised_steps(model, _rollouts(tok), tok.eos_token_id, 1, 1e-2, batch_size=2)
+    after = dict(model.named_parameters())
+    assert all(not torch.equal(after[name], value) for name, value in lora.items() if "lora_B" in name)
