@@ -78,12 +78,23 @@ def test_bad_training_requests_write_nothing(sqlite_db):
         {"config": {"no_such_option": 1}},
         {"config": {"rollouts_per_task": 1}},  # leave-one-out needs two
         {"unknown_field": 1},
+        {"recipe": "fastest"},
     ]:
         resp = client.post("/v1/admin/train", json=body, headers=admin)
         assert resp.status_code == 422, (body, resp.text)
         assert resp.json()["error"]["message"], body
     assert runs() == 0
     assert client.get("/v1/admin/training-runs/nope", headers=admin).status_code == 404
+
+
+def test_a_recipe_queues_its_phases_as_one_run(sqlite_db):
+    client, keys = env()
+    resp = client.post("/v1/admin/train", json={"recipe": "default"}, headers=bearer(keys.tenant_a_admin))
+    assert resp.status_code == 202, resp.text
+    run = resp.json()
+    assert run["algo"] == "sft+stepagent-implicit+loop+step"
+    assert run["config"]["phases"] == ["sft:2", "stepagent-implicit:3", "loop+step:3"]
+    assert run["config"]["iterations"] == 8  # the phases' iterations, whatever `iterations` says
 
 
 def test_list_activate_and_roll_back(sqlite_db, tiny_model_dir, configure_env):

@@ -148,6 +148,7 @@ def test_a_finished_run_streams_its_state_once_and_ends(api):
         ({"config": struct({"rollouts_per_task": 1})}, "rollouts_per_task must be >= 2"),
         ({"config": struct({"world": "nowhere"})}, "unknown world 'nowhere'"),  # refused before it is queued
         ({"config": struct({"app": "nope"})}, "no registered app named 'nope' for this tenant"),
+        ({"recipe": "fastest"}, "unknown recipe 'fastest'"),
     ],
 )
 def test_bad_training_requests_are_invalid_argument(api, fields, needle):
@@ -163,6 +164,17 @@ def test_bad_training_requests_are_invalid_argument(api, fields, needle):
     asyncio.run(scenario())
     with session_scope() as s:
         assert s.scalar(sa.select(sa.func.count()).select_from(TrainingRun)) == 0
+
+
+def test_a_recipe_queues_its_phases_as_one_run(api):
+    async def scenario():
+        async with api.connect() as c:
+            return await c.admin.Train(pb.TrainRequest(recipe="default"), metadata=auth(api.keys.tenant_a_admin))
+
+    run = asyncio.run(scenario())
+    assert run.status == pb.TRAINING_RUN_STATUS_QUEUED and run.algo == "sft+stepagent-implicit+loop+step"
+    config = json_format.MessageToDict(run.config)
+    assert config["phases"] == ["sft:2", "stepagent-implicit:3", "loop+step:3"] and config["iterations"] == 8
 
 
 def test_admin_calls_need_an_admin_key(api):

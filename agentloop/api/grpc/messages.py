@@ -116,7 +116,13 @@ def _whole_numbers(value: Any) -> Any:
 
 def train_create(request: pb.TrainRequest) -> TrainCreate:
     config = _whole_numbers(json_format.MessageToDict(request.config)) if request.HasField("config") else {}
-    return _validated(TrainCreate, algo=request.algo or "loop", iterations=request.iterations or 1, config=config)
+    return _validated(
+        TrainCreate,
+        algo=request.algo or "loop",
+        recipe=request.recipe or None,
+        iterations=request.iterations or 1,
+        config=config,
+    )
 
 
 # --- responses ----------------------------------------------------------------------------------

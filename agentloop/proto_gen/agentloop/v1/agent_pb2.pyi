@@ -299,14 +299,16 @@ class App(_message.Message):
     def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., kind: _Optional[_Union[AppKind, str]] = ..., api_count: _Optional[int] = ..., base_url: _Optional[str] = ..., resettable: _Optional[bool] = ...) -> None: ...
 
 class TrainRequest(_message.Message):
-    __slots__ = ("algo", "iterations", "config")
+    __slots__ = ("algo", "iterations", "config", "recipe")
     ALGO_FIELD_NUMBER: _ClassVar[int]
     ITERATIONS_FIELD_NUMBER: _ClassVar[int]
     CONFIG_FIELD_NUMBER: _ClassVar[int]
+    RECIPE_FIELD_NUMBER: _ClassVar[int]
     algo: str
     iterations: int
     config: _struct_pb2.Struct
-    def __init__(self, algo: _Optional[str] = ..., iterations: _Optional[int] = ..., config: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+    recipe: str
+    def __init__(self, algo: _Optional[str] = ..., iterations: _Optional[int] = ..., config: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., recipe: _Optional[str] = ...) -> None: ...
 
 class GetTrainingRunRequest(_message.Message):
     __slots__ = ("run_id",)
