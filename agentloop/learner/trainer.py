@@ -96,6 +96,9 @@ class Cancellation:
 # --- a run -----------------------------------------------------------------------------------------
 
 
+AGREEMENT_SLACK = 16  # new tokens past the length of the expert's call that an agreeing action may take
+
+
 @dataclass
 class Trainer:
     """The shared phases; a subclass implements `iteration` (and, for state it keeps between iterations,
@@ -282,8 +285,12 @@ class Trainer:
         self.report({"phase": "agreement", "prefixes": len(self.agreement_steps)})
         self.model.eval()
         self.policy.clear_cache()
+        # a generation longer than the expert's call (and some slack for spacing) cannot be the same call
         requests = [
-            GenerationRequest(s.prefix, self.config.max_new_tokens, temperature=0.0) for s in self.agreement_steps
+            GenerationRequest(
+                s.prefix, min(self.config.max_new_tokens, len(s.action_tokens) + AGREEMENT_SLACK), temperature=0.0
+            )
+            for s in self.agreement_steps
         ]
         gens = self.policy.generate(requests)
         self.policy.clear_cache()
