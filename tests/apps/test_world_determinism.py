@@ -99,3 +99,11 @@ def test_a_scenario_that_finds_nothing_says_which_scenario_and_seed():
     assert isinstance(exc.value.__cause__, IndexError)
     with pytest.raises(KeyError, match="unknown built-in scenario"):
         provider.instance("nope", 1)
+
+
+def test_a_world_whose_person_has_one_relative_builds():
+    """Seed 367's person has exactly one family member: the family photos then come from everyone they
+    know (the files app asked that one relative for two, and the world could not be built)."""
+    world = BUILTIN.new_world(367, ["files"])
+    family = [name for name in world.state["files"]["files"].values() if "/Photos/Family/" in str(name)]
+    assert len(family) == 2, family

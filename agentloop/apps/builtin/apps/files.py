@@ -257,7 +257,8 @@ def build_state(data: WorldData) -> AppState:
     trip_day = rng.randint(200, 400)
     for n in rng.sample(range(1000, 9999), rng.randint(5, 8)):
         drive.file(f"/Photos/Trip to {trip}/IMG_{n}.jpg", days=trip_day)
-    for p in rng.sample(by_rel.get("family", []) or data.people, 2):
+    family = by_rel.get("family", [])
+    for p in rng.sample(family if len(family) >= 2 else data.people, 2):  # a person with one relative too
         drive.file(f"/Photos/Family/{p.first_name} birthday.jpg")
 
     receipt_days = rng.sample(range(2, 125), rng.randint(22, 28))
