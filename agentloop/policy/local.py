@@ -139,6 +139,8 @@ class LocalPolicy:
             groups[(req.adapter, req.temperature)].append(i)
         with self._lock:
             for (adapter, temperature), idx in groups.items():
+                # contexts of like length side by side: a batch's new tokens are padded to its longest
+                idx.sort(key=lambda i: len(requests[i].context))
                 for start in range(0, len(idx), self.max_batch_size):
                     chunk = idx[start : start + self.max_batch_size]
                     outs = self._sample([requests[i] for i in chunk], adapter, temperature)

@@ -37,6 +37,23 @@ def test_batch_with_left_padding_matches_single_requests(policy):
         assert gen.logprobs == pytest.approx(naive_logprobs(policy.model, ctx, gen.token_ids), abs=1e-4)
 
 
+def test_batches_group_contexts_by_length_and_answer_in_request_order(tiny_model_dir):
+    """Requests are batched shortest first (a batch pads its new tokens to its longest), and each answer
+    still goes back to its own request: the same greedy tokens as alone."""
+    policy = tiny_policy(tiny_model_dir, seed=1)
+    policy.max_batch_size = 2
+    tok = policy.tokenizer
+    texts = ["a long context that goes on and on for a while", "hi", "another rather long context here", "yo"]
+    requests = [GenerationRequest(tok.encode(t, add_special_tokens=False), 6, temperature=0.0) for t in texts]
+    alone = [policy.generate([r])[0].token_ids for r in requests]
+    policy.clear_cache()
+    batches, sample = [], policy._sample
+    policy._sample = lambda reqs, *a: batches.append([len(r.context) for r in reqs]) or sample(reqs, *a)
+    assert [g.token_ids for g in policy.generate(requests)] == alone
+    lengths = sorted(len(r.context) for r in requests)
+    assert batches == [lengths[:2], lengths[2:]]  # the two short ones together, then the two long ones
+
+
 def test_greedy_is_deterministic_and_limits_are_per_request(policy):
     ctx = policy.tokenizer.encode("Count:", add_special_tokens=False)
     a, b = policy.generate([GenerationRequest(ctx, 10, temperature=0.0), GenerationRequest(ctx, 4, temperature=0.0)])
