@@ -244,6 +244,7 @@ class StepAgentTrainer(Trainer):
             [f[[k for k, r in enumerate(x.rewards) if r < 1.0]] for f, x in zip(sample_f, inspected, strict=True)]
         )
         positives = torch.cat(expert_f)
+        disc.standardise(torch.cat([positives, *sample_f]))
         accuracy = 0.0
         disc.train()
         for _ in range(c.disc_steps if len(negatives) else 0):
