@@ -36,6 +36,7 @@ class _Prefix:
 
 
 SHARED_MIN_TOKENS = 16  # a shorter common opening is not worth stacking a cache for
+PREFILL_TOKENS = 4096  # new tokens per prefill forward: longer batches are prefilled a few rows at a time
 
 
 def _common_length(a: Sequence[int], b: Sequence[int], limit: int) -> int:
@@ -139,8 +140,6 @@ class LocalPolicy:
             groups[(req.adapter, req.temperature)].append(i)
         with self._lock:
             for (adapter, temperature), idx in groups.items():
-                # contexts of like length side by side: a batch's new tokens are padded to its longest
-                idx.sort(key=lambda i: len(requests[i].context))
                 for start in range(0, len(idx), self.max_batch_size):
                     chunk = idx[start : start + self.max_batch_size]
                     outs = self._sample([requests[i] for i in chunk], adapter, temperature)
@@ -200,11 +199,7 @@ class LocalPolicy:
         ids, mask, positions = ids.to(device), mask.to(device), positions.to(device)
         past = self._stack_prefixes(reuse, P) if P else None
 
-        out = self.model(
-            input_ids=ids, attention_mask=mask, position_ids=positions, cache=past, use_cache=True, logits_to_keep=1
-        )
-        cache = output_cache(out)
-        logits = out.logits[:, -1, :]  # (B, V)
+        logits, cache = self._prefill(ids, mask, positions, past)
         next_pos = torch.tensor([[len(r.context)] for r in reqs], device=device)  # (B, 1)
 
         tokens = torch.empty((B, max(r.max_new_tokens for r in reqs)), dtype=torch.long, device=device)
@@ -251,6 +246,42 @@ class LocalPolicy:
             gens.append(Generation(row, lps, finish, self.tokenizer.decode(text_ids, skip_special_tokens=True)))
         self._keep_prefixes(reqs, gens, cache, mask, fed=steps - 1, adapter=adapter)
         return gens
+
+    def _prefill(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, past: Any) -> tuple[Any, Any]:
+        """The batch's new tokens through the model, a few rows at a time (at most PREFILL_TOKENS new tokens
+        per forward): one forward over many long rows materialises attention scores of rows x new x all
+        tokens at once (gigabytes for 16 rows of 2-3k tokens), where a few rows at a time need a fraction.
+        Returns the last position's logits (B, V) and the whole batch's cache."""
+        from transformers import DynamicCache
+
+        B, N = ids.shape
+        rows = max(1, PREFILL_TOKENS // max(N, 1))
+        if rows >= B:
+            out = self.model(
+                input_ids=ids, attention_mask=mask, position_ids=positions, cache=past, use_cache=True, logits_to_keep=1
+            )
+            return out.logits[:, -1, :], output_cache(out)
+        logits, layers = [], []
+        for start in range(0, B, rows):
+            part = slice(start, start + rows)
+            part_past = None
+            if past is not None:
+                part_past = DynamicCache(ddp_cache_data=[(lay.keys[part], lay.values[part]) for lay in past.layers])
+            out = self.model(
+                input_ids=ids[part],
+                attention_mask=mask[part],
+                position_ids=positions[part],
+                cache=part_past,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+            logits.append(out.logits[:, -1, :])
+            layers.append([(lay.keys, lay.values) for lay in output_cache(out).layers])
+        merged = [
+            (torch.cat([part[i][0] for part in layers]), torch.cat([part[i][1] for part in layers]))
+            for i in range(len(layers[0]))
+        ]
+        return torch.cat(logits), DynamicCache(ddp_cache_data=merged)
 
     def _prime_shared(self, new: list[GenerationRequest], adapter: str | None) -> bool:
         """Several new episodes that open the same way (rollouts of one task, a batch of tasks): run the

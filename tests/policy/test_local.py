@@ -37,23 +37,6 @@ def test_batch_with_left_padding_matches_single_requests(policy):
         assert gen.logprobs == pytest.approx(naive_logprobs(policy.model, ctx, gen.token_ids), abs=1e-4)
 
 
-def test_batches_group_contexts_by_length_and_answer_in_request_order(tiny_model_dir):
-    """Requests are batched shortest first (a batch pads its new tokens to its longest), and each answer
-    still goes back to its own request: the same greedy tokens as alone."""
-    policy = tiny_policy(tiny_model_dir, seed=1)
-    policy.max_batch_size = 2
-    tok = policy.tokenizer
-    texts = ["a long context that goes on and on for a while", "hi", "another rather long context here", "yo"]
-    requests = [GenerationRequest(tok.encode(t, add_special_tokens=False), 6, temperature=0.0) for t in texts]
-    alone = [policy.generate([r])[0].token_ids for r in requests]
-    policy.clear_cache()
-    batches, sample = [], policy._sample
-    policy._sample = lambda reqs, *a: batches.append([len(r.context) for r in reqs]) or sample(reqs, *a)
-    assert [g.token_ids for g in policy.generate(requests)] == alone
-    lengths = sorted(len(r.context) for r in requests)
-    assert batches == [lengths[:2], lengths[2:]]  # the two short ones together, then the two long ones
-
-
 def test_greedy_is_deterministic_and_limits_are_per_request(policy):
     ctx = policy.tokenizer.encode("Count:", add_special_tokens=False)
     a, b = policy.generate([GenerationRequest(ctx, 10, temperature=0.0), GenerationRequest(ctx, 4, temperature=0.0)])
@@ -184,3 +167,30 @@ def test_a_batch_of_new_episodes_computes_its_common_opening_once(tiny_model_dir
     for x, y, req in zip(a, b, reqs, strict=True):
         assert x.token_ids == y.token_ids and x.logprobs == pytest.approx(y.logprobs, abs=1e-4)
         assert x.logprobs == pytest.approx(naive_logprobs(cached.model, req.context, x.token_ids), abs=1e-4)
+
+
+def test_a_long_batch_is_prefilled_a_few_rows_at_a_time_with_the_same_results(tiny_model_dir, monkeypatch):
+    """Rows sharing an opening (a cached prefix), prefilled one row per forward: the batch
+    samples the same greedy tokens with the same log-probs as prefilled whole."""
+    from agentloop.policy import local
+
+    tok = tiny_policy(tiny_model_dir, seed=1).tokenizer
+    opening = tok.encode("You are an agent. Here is a long opening all rows share. " * 3, add_special_tokens=False)
+    tails = ["Task one.", "The second task, longer.", "Three", "And a fourth task here."]
+    requests = [GenerationRequest(opening + tok.encode(t, add_special_tokens=False), 8, temperature=0.0) for t in tails]
+
+    def run(prefill_tokens: int) -> list[tuple[list[int], list[float]]]:
+        monkeypatch.setattr(local, "PREFILL_TOKENS", prefill_tokens)
+        policy = tiny_policy(tiny_model_dir, seed=1)
+        calls, forward = [], policy.model.forward
+        policy.model.forward = lambda *a, **k: calls.append(k["input_ids"].shape[0]) or forward(*a, **k)
+        gens = policy.generate(requests)
+        return [(g.token_ids, g.logprobs) for g in gens], calls
+
+    whole, whole_calls = run(10**6)
+    chunked, chunked_calls = run(1)  # one row per prefill forward
+    assert [t for t, _ in chunked] == [t for t, _ in whole]
+    for (_, a), (_, b) in zip(chunked, whole, strict=True):
+        assert a == pytest.approx(b, abs=1e-4)
+    # the opening once (1 row), then the prefill: the 4 rows together, or one by one; then decoding all 4
+    assert whole_calls[:2] == [1, 4] and chunked_calls[:6] == [1, 1, 1, 1, 1, 4]
