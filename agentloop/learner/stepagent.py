@@ -179,6 +179,9 @@ class Discriminator(torch.nn.Module):
     under a percent of their norm (measured on the toy world: 0.03 on a norm of 12), too little for a
     classifier to see among the dimensions that every row shares."""
 
+    mean: torch.Tensor
+    scale: torch.Tensor
+
     def __init__(self, hidden_size: int, width: int = 64) -> None:
         super().__init__()
         self.register_buffer("mean", torch.zeros(2 * hidden_size))
