@@ -86,7 +86,7 @@ PRESETS: dict[str, tuple[Any, Any]] = {
     "dev_every": (0, 0),
     "dev_limit": (None, 1),  # None: all dev tasks
     "dev_max_turns": (16, 2),  # the oracle solutions of the dev tasks take at most 15 calls
-    "agreement_prefixes": (48, 2),
+    "agreement_prefixes": (24, 2),  # each measurement prefills them: ~100 s per 16 long prefixes on 2 cores
     "tasks_per_iteration": (2, 1),
     "rollouts_per_task": (4, 2),
     "max_turns": (16, 1),
