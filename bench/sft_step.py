@@ -60,7 +60,6 @@ def child(layout: str, n: int, quick: bool, top_layers: int, micro_tokens: int) 
     config = LoopConfig(lora_layers=top_layers if layout == "fast" else 0)
     model = lora_model(base, config, None)
     micro = micro_tokens if layout == "fast" else WHOLE_MICRO_TOKENS
-    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     supervised_steps(model, demos[:1], tok.eos_token_id, 1, 1e-4, batch_size=1, micro_tokens=micro)  # warm-up
     t0 = time.perf_counter()
     supervised_steps(model, demos, tok.eos_token_id, 1, 1e-4, batch_size=len(demos), micro_tokens=micro)
@@ -74,7 +73,6 @@ def child(layout: str, n: int, quick: bool, top_layers: int, micro_tokens: int) 
         "tps": round(sum(tokens) / seconds, 1),
         "micro_batches": [len(g) for g in groups],
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
-        "rss_before_mb": round(rss_before),
     }
 
 

@@ -98,18 +98,17 @@ def app_lines(world: World, names: list[str], extra: Mapping[str, AppSpec] | Non
     lines, used = [], 0
     for name in names:
         spec = world.apps.get(name) or (extra or {}).get(name)
-        summary = one_line(spec.description, DESCRIPTION_SIZE) if spec is not None else ""
+        if spec is None:
+            lines.append(f"- {name}")
+            continue
+        summary = one_line(spec.description, DESCRIPTION_SIZE)
         lines.append(f"- {name}: {summary}" if summary else f"- {name}")
-        index = api_index(list(spec.apis.values())) if spec is not None else ""
+        index = api_index(list(spec.apis.values()))
         size = text_size(index)
         if index and used + size <= INDEXES_SIZE:
             lines.append(f"  APIs: {index}")
             used += size
     return "\n".join(lines)
-
-
-def listed_apps(world: World, parts: WorldPrompt) -> list[str]:
-    return [name for name in world.available if name not in parts.unlisted_apps]
 
 
 def example_messages(world: World, parts: WorldPrompt) -> list[dict[str, str]]:
@@ -126,9 +125,8 @@ def example_messages(world: World, parts: WorldPrompt) -> list[dict[str, str]]:
 
 
 def render_task(world: World, parts: WorldPrompt, instruction: str) -> str:
-    return TASK.format(
-        apps=app_lines(world, listed_apps(world, parts)), preamble=parts.preamble, instruction=instruction
-    )
+    listed = [name for name in world.available if name not in parts.unlisted_apps]
+    return TASK.format(apps=app_lines(world, listed), preamble=parts.preamble, instruction=instruction)
 
 
 def render_observation(call: ToolCall | None, ok: bool, value: Any) -> str:

@@ -16,6 +16,7 @@ from agentloop.learner.loop import SHARED_OPENING_MIN_TOKENS, recomputes_layers,
 from agentloop.learner.rollouts import Rollout
 from agentloop.learner.trainer import Trainer
 from agentloop.learner.update import collate
+from agentloop.policy.local import common_length
 
 
 def supervised_steps(
@@ -74,7 +75,7 @@ def micro_batches(rollouts: Sequence[Rollout], micro_tokens: int, shared: bool =
     opening = 0  # of the last group
     for r in sorted(rollouts, key=lambda r: len(r.token_ids)):
         if groups:
-            common = _common_prefix(groups[-1][0].token_ids, r.token_ids, opening) if shared else 0
+            common = common_length(groups[-1][0].token_ids, r.token_ids, opening) if shared else 0
             if common < SHARED_OPENING_MIN_TOKENS:
                 common = 0
             if common + (len(groups[-1]) + 1) * (len(r.token_ids) - common) <= micro_tokens:
@@ -84,14 +85,6 @@ def micro_batches(rollouts: Sequence[Rollout], micro_tokens: int, shared: bool =
         groups.append([r])
         opening = len(r.token_ids)
     return groups
-
-
-def _common_prefix(a: Sequence[int], b: Sequence[int], limit: int) -> int:
-    n = min(len(a), len(b), limit)
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
 
 
 class SftTrainer(Trainer):

@@ -39,7 +39,7 @@ SHARED_MIN_TOKENS = 16  # a shorter common opening is not worth stacking a cache
 PREFILL_TOKENS = 4096  # new tokens per prefill forward: longer batches are prefilled a few rows at a time
 
 
-def _common_length(a: Sequence[int], b: Sequence[int], limit: int) -> int:
+def common_length(a: Sequence[int], b: Sequence[int], limit: int) -> int:
     n = min(len(a), len(b), limit)
     for i in range(n):
         if a[i] != b[i]:
@@ -168,7 +168,7 @@ class LocalPolicy:
                 return usable, prefix
         shared = self._shared.get(adapter)
         if shared is not None:
-            usable = _common_length(shared.tokens, req.context, len(req.context) - 1)
+            usable = common_length(shared.tokens, req.context, len(req.context) - 1)
             if usable >= SHARED_MIN_TOKENS:
                 return usable, shared
         return 0, None
@@ -256,32 +256,31 @@ class LocalPolicy:
 
         B, N = ids.shape
         rows = max(1, PREFILL_TOKENS // max(N, 1))
-        if rows >= B:
-            out = self.model(
-                input_ids=ids, attention_mask=mask, position_ids=positions, cache=past, use_cache=True, logits_to_keep=1
-            )
-            return out.logits[:, -1, :], output_cache(out)
-        logits, layers = [], []
-        for start in range(0, B, rows):
-            part = slice(start, start + rows)
-            part_past = None
-            if past is not None:
+        parts = [slice(start, start + rows) for start in range(0, B, rows)]
+        outs = []
+        for part in parts:
+            part_past = past
+            if past is not None and len(parts) > 1:
                 part_past = DynamicCache(ddp_cache_data=[(lay.keys[part], lay.values[part]) for lay in past.layers])
-            out = self.model(
-                input_ids=ids[part],
-                attention_mask=mask[part],
-                position_ids=positions[part],
-                cache=part_past,
-                use_cache=True,
-                logits_to_keep=1,
+            outs.append(
+                self.model(
+                    input_ids=ids[part],
+                    attention_mask=mask[part],
+                    position_ids=positions[part],
+                    cache=part_past,
+                    use_cache=True,
+                    logits_to_keep=1,
+                )
             )
-            logits.append(out.logits[:, -1, :])
-            layers.append([(lay.keys, lay.values) for lay in output_cache(out).layers])
+        logits = torch.cat([out.logits[:, -1, :] for out in outs])
+        if len(outs) == 1:
+            return logits, output_cache(outs[0])
+        layers = [output_cache(out).layers for out in outs]
         merged = [
-            (torch.cat([part[i][0] for part in layers]), torch.cat([part[i][1] for part in layers]))
+            (torch.cat([lays[i].keys for lays in layers]), torch.cat([lays[i].values for lays in layers]))
             for i in range(len(layers[0]))
         ]
-        return torch.cat(logits), DynamicCache(ddp_cache_data=merged)
+        return logits, DynamicCache(ddp_cache_data=merged)
 
     def _prime_shared(self, new: list[GenerationRequest], adapter: str | None) -> bool:
         """Several new episodes that open the same way (rollouts of one task, a batch of tasks): run the
@@ -290,7 +289,7 @@ class LocalPolicy:
             return False
         common = len(new[0].context) - 1
         for r in new[1:]:
-            common = _common_length(new[0].context, r.context, min(common, len(r.context) - 1))
+            common = common_length(new[0].context, r.context, min(common, len(r.context) - 1))
         if common < SHARED_MIN_TOKENS:
             return False
         opening = list(new[0].context[:common])

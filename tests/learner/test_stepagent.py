@@ -125,17 +125,24 @@ def test_discriminator_objective() -> None:
     assert discriminator_rewards(torch.tensor([0.0, math.log(3.0)])) == pytest.approx([0.5, 0.75])
 
 
+def fit(d: Discriminator, expert: torch.Tensor, agent: torch.Tensor, lr: float, steps: int) -> float:
+    """Adam steps of the discriminator objective; the accuracy of the last one."""
+    opt = torch.optim.Adam(d.parameters(), lr=lr)
+    accuracy = 0.0
+    for _ in range(steps):
+        opt.zero_grad()
+        loss, accuracy = discriminator_loss(d(expert), d(agent))
+        loss.backward()
+        opt.step()
+    return accuracy
+
+
 def test_a_discriminator_learns_to_tell_expert_from_agent_features() -> None:
     g = torch.Generator().manual_seed(0)
     d = Discriminator(hidden_size=8)
     expert = torch.randn(64, 16, generator=g) + 1.0
     agent = torch.randn(64, 16, generator=g) - 1.0
-    opt = torch.optim.Adam(d.parameters(), lr=1e-2)
-    for _ in range(100):
-        opt.zero_grad()
-        loss, accuracy = discriminator_loss(d(expert), d(agent))
-        loss.backward()
-        opt.step()
+    accuracy = fit(d, expert, agent, lr=1e-2, steps=100)
     assert accuracy > 0.95
     assert min(discriminator_rewards(d(expert))) > max(discriminator_rewards(d(agent)))
 
@@ -151,12 +158,6 @@ def test_standardised_features_let_the_discriminator_see_a_small_difference() ->
     d = Discriminator(hidden_size=8)
     d.standardise(torch.cat([expert, agent]))
     assert torch.allclose(((torch.cat([expert, agent]) - d.mean) / d.scale).std(dim=0, unbiased=False), torch.ones(16))
-    opt = torch.optim.Adam(d.parameters(), lr=1e-3)
-    for _ in range(50):
-        opt.zero_grad()
-        loss, accuracy = discriminator_loss(d(expert), d(agent))
-        loss.backward()
-        opt.step()
-    assert accuracy == 1.0
+    assert fit(d, expert, agent, lr=1e-3, steps=50) == 1.0
     assert [n for n, p in d.named_parameters()] == ["net.0.weight", "net.0.bias", "net.2.weight", "net.2.bias"]
     assert {"mean", "scale"} <= set(d.state_dict())  # kept with D in the checkpoint
