@@ -103,7 +103,7 @@ PRESETS: dict[str, tuple[Any, Any]] = {
     "micro_tokens": (8192, 8192),
 }
 # LoopConfig fields a flag sets for every arm (None: the algorithm's preset or the field's default)
-OPTIONS = ("sft_lr", "stepagent_lr", "lr", "dpo_beta", "dpo_anchor", "step_omega", "seed")
+OPTIONS = ("sft_lr", "stepagent_lr", "lr", "dpo_beta", "dpo_anchor", "irl_anchor", "step_omega", "seed")
 CONFIG_FIELDS = (
     "dev_limit",
     "dev_max_turns",
@@ -770,6 +770,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--lr", type=float, default=None, help="learning rate of LOOP and LOOP+step")
     ap.add_argument("--dpo-beta", type=float, default=None, help="stepagent-implicit: beta (default: preset)")
     ap.add_argument("--dpo-anchor", type=float, default=None, help="stepagent-implicit: SFT anchor weight")
+    ap.add_argument("--irl-anchor", type=float, default=None, help="stepagent-irl: SFT anchor weight")
     ap.add_argument("--step-omega", type=float, default=None, help="loop+step: omega (default: preset)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--plot", type=Path, default=DEFAULT_PLOT, help=f"PNG to write (default {DEFAULT_PLOT})")

@@ -98,6 +98,7 @@ class LoopConfig:
     inspect_temperature: float = field(default=1.0, metadata={"help": "stepagent: temperature of those samples"})
     dpo_beta: float = field(default=0.1, metadata={"help": "stepagent-implicit: beta of the step-level DPO"})
     dpo_anchor: float = field(default=1.0, metadata={"help": "stepagent-implicit: weight of the SFT anchor"})
+    irl_anchor: float = field(default=1.0, metadata={"help": "stepagent-irl: weight of the SFT anchor on a*_t"})
     disc_lr: float = field(default=1e-3, metadata={"help": "stepagent-irl: the discriminator's learning rate"})
     disc_steps: int = field(default=50, metadata={"help": "stepagent-irl: discriminator steps per iteration"})
     step_omega: float = field(default=0.5, metadata={"help": "loop+step: A_t = A_trajectory + omega * A_step"})
@@ -176,8 +177,8 @@ class LoopConfig:
                 problems.append(f"{name} must be >= 1")
         if min(self.lr, self.sft_lr, self.stepagent_lr, self.clip_eps, self.dpo_beta, self.disc_lr) <= 0:
             problems.append("lr, sft_lr, stepagent_lr, clip_eps, dpo_beta and disc_lr must be > 0")
-        if min(self.dpo_anchor, self.step_omega, self.agreement_prefixes, self.lora_layers) < 0:
-            problems.append("dpo_anchor, step_omega, agreement_prefixes and lora_layers must be >= 0")
+        if min(self.dpo_anchor, self.irl_anchor, self.step_omega, self.agreement_prefixes, self.lora_layers) < 0:
+            problems.append("dpo_anchor, irl_anchor, step_omega, agreement_prefixes and lora_layers must be >= 0")
         if self.temperature != 1.0 and self.recompute_old_logprobs == "never":
             problems.append("rollouts sampled at temperature != 1 need recompute_old_logprobs='auto' or 'always'")
         if self.app is not None and (not isinstance(self.app, str) or not self.app):

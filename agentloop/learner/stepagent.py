@@ -10,7 +10,9 @@ an update, in one of two ways:
     inverse RL: a discriminator D(h, a) in (0, 1) learns expert (1) from agent (0) actions
         L_D   = -log D(h_t, a*_t) - log(1 - D(h_t, a^_t))
         r_t^m = D(h_t, a^_t^m);  A_t^m = r_t^m - mean_{j != m} r_t^j          (leave-one-out over the M samples)
-        then LOOP's clipped objective on the sampled actions with A_t^m
+        L     = LOOP's clipped objective on the sampled actions with A_t^m  +  alpha * (-log pi(a*_t|h_t) / |a*_t|)
+        (the same SFT anchor: without it the policy climbs whatever D scores high, and D has seen a few
+        dozen actions)
 
 Combined with LOOP on the agent's own rollouts: A_t = A_trajectory + omega * A_step,t, where A_step,t is the
 leave-one-out advantage (over the K rollouts of the task) of the turn's comparison reward.
@@ -27,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from agentloop.apps.tasks import ToolCall
+from agentloop.learner.loop import LossStats, RatioLevel, ppo_clip_loss
 
 # --- comparing an action with the expert's ---------------------------------------------------------
 
@@ -216,3 +219,22 @@ def discriminator_loss(expert_logits: torch.Tensor, agent_logits: torch.Tensor) 
 def discriminator_rewards(logits: torch.Tensor) -> list[float]:
     """r = D(h, a) in (0, 1): the step reward of each sampled action."""
     return torch.sigmoid(logits).tolist()
+
+
+def irl_policy_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    expert: torch.Tensor,
+    expert_tokens: int,
+    eps: float,
+    anchor_weight: float,
+    level: RatioLevel = "token",
+) -> tuple[torch.Tensor, LossStats, float]:
+    """LOOP's clipped loss on one prefix's sampled actions (logp, old_logp, mask: (M, T); advantages: (M,),
+    their leave-one-out D-advantages) plus alpha * (-log pi(a*_t|h_t) / |a*_t|), `expert` being the expert
+    action's summed log-prob. Returns the loss, the clipped part's stats and the anchor's value."""
+    clipped, stats = ppo_clip_loss(logp, old_logp, advantages, mask, eps, level)
+    anchor = -expert / max(expert_tokens, 1)
+    return clipped + anchor_weight * anchor, stats, float(anchor.detach())

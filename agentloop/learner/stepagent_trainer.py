@@ -6,7 +6,7 @@
         inspection: sample M actions at each prefix, all prefixes in batches; compare each with a*_t
         reflection, implicit: step-level DPO on (a*_t, a^_t != a*_t) against the adapter disabled, + anchor
         reflection, inverse RL: train D on expert vs agent actions; r = D(h, a^); leave-one-out over the M
-            samples of a prefix; LOOP's clipped update on the sampled actions
+            samples of a prefix; LOOP's clipped loss on the sampled actions + the SFT anchor on a*_t
     then the shared phases (trainer.py): save the candidate, gate it on dev, measure agreement, checkpoint.
 
 Every forward runs one prefix's rows together (the expert's action and the M samples), so the long
@@ -16,20 +16,22 @@ prefix goes through the decoder once per group (loop.shared_opening).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 from agentloop.agent.actions import parse_action
 from agentloop.learner import stepagent
 from agentloop.learner.experts import ExpertStep, expert_steps
-from agentloop.learner.loop import decoder_hidden, sequence_logprobs
+from agentloop.learner.loop import LossStats, decoder_hidden, sequence_logprobs
 from agentloop.learner.rollouts import Rollout
 from agentloop.learner.trainer import Trainer
-from agentloop.learner.update import collate, compute_logprobs, update
+from agentloop.learner.update import collate
 from agentloop.policy.base import GenerationRequest
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -156,36 +158,23 @@ class StepAgentTrainer(Trainer):
         device = self.accelerator.device
         with torch.no_grad(), self.model.disable_adapter():
             refs = [self._summed_logprobs(rows, device) for _, rows in groups]
-        stats: list[stepagent.DpoStats] = []
-        order = list(range(len(groups)))
-        per_step = c.sft_batch_size  # prefixes per optimizer step
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        self.model.train()
-        for _epoch in range(c.epochs):
-            self.rng.shuffle(order)
-            for start in range(0, len(order), per_step):
-                chunk = order[start : start + per_step]
-                self.optimizer.zero_grad(set_to_none=True)
-                for g in chunk:
-                    rows = groups[g][1]
-                    logp = self._summed_logprobs(rows, device)
-                    ref = refs[g]
-                    n = len(rows) - 1
-                    loss, st = stepagent.step_dpo_loss(
-                        logp[0].expand(n),
-                        logp[1:],
-                        ref[0].expand(n),
-                        ref[1:],
-                        torch.full((n,), float(len(groups[g][0].step.action_tokens)), device=device),
-                        c.dpo_beta,
-                        c.dpo_anchor,
-                    )
-                    (loss / len(chunk)).backward()
-                    stats.append(st)
-                torch.nn.utils.clip_grad_norm_(params, c.max_grad_norm)
-                self.optimizer.step()
-                self.safe_point(f"in iteration {i}, after a reflection step")
-        self.model.eval()
+
+        def loss_of(g: int) -> tuple[torch.Tensor, stepagent.DpoStats]:
+            rows = groups[g][1]
+            logp = self._summed_logprobs(rows, device)
+            ref = refs[g]
+            n = len(rows) - 1
+            return stepagent.step_dpo_loss(
+                logp[0].expand(n),
+                logp[1:],
+                ref[0].expand(n),
+                ref[1:],
+                torch.full((n,), float(len(groups[g][0].step.action_tokens)), device=device),
+                c.dpo_beta,
+                c.dpo_anchor,
+            )
+
+        stats = self._reflect(i, len(groups), loss_of)
         mean = lambda name: sum(getattr(s, name) for s in stats) / len(stats)  # noqa: E731
         return {
             "dpo/pairs": float(sum(len(rows) - 1 for _, rows in groups)),
@@ -197,13 +186,41 @@ class StepAgentTrainer(Trainer):
             "updated": 1.0,
         }
 
+    def _reflect(self, i: int, n_groups: int, loss_of: Callable[[int], tuple[torch.Tensor, T]]) -> list[T]:
+        """`epochs` passes over the prefixes' groups in a random order, `sft_batch_size` groups per optimizer
+        step; `loss_of(g)` is group g's loss (one decoder pass over its rows) and its stats."""
+        c = self.config
+        stats: list[T] = []
+        order = list(range(n_groups))
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.model.train()
+        for _epoch in range(c.epochs):
+            self.rng.shuffle(order)
+            for start in range(0, len(order), c.sft_batch_size):
+                chunk = order[start : start + c.sft_batch_size]
+                self.optimizer.zero_grad(set_to_none=True)
+                for g in chunk:
+                    loss, st = loss_of(g)
+                    (loss / len(chunk)).backward()
+                    stats.append(st)
+                torch.nn.utils.clip_grad_norm_(params, c.max_grad_norm)
+                self.optimizer.step()
+                self.safe_point(f"in iteration {i}, after a reflection step")
+        self.model.eval()
+        return stats
+
     def _summed_logprobs(self, rows: Sequence[Rollout], device: torch.device) -> torch.Tensor:
         """Each row's summed log-prob of its action tokens (rows of one prefix: its decoder pass is shared)."""
+        logp, mask = self._token_logprobs(rows, device)
+        return (logp * mask).sum(dim=1)
+
+    def _token_logprobs(self, rows: Sequence[Rollout], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each row's per-position log-probs of its action tokens and the action mask, both (N, T-1)."""
         batch = collate(rows, self.pad_id).to(device)
         logp = sequence_logprobs(
             self.model, batch.input_ids, batch.attention_mask, self.config.logprob_chunk, target_mask=batch.agent_mask
         )
-        return (logp * batch.agent_mask).sum(dim=1)
+        return logp, batch.agent_mask
 
     # --- reflection, inverse RL
     def _discriminator(self) -> stepagent.Discriminator:
@@ -228,8 +245,9 @@ class StepAgentTrainer(Trainer):
         return torch.stack(feats)
 
     def reflect_irl(self, i: int, inspected: Sequence[Inspected]) -> dict[str, Any]:
-        """Train D on expert (1) vs agent (0) actions, score every sample with D, and make LOOP's clipped update
-        on the samples with leave-one-out advantages over the M samples of each prefix."""
+        """Train D on expert (1) vs agent (0) actions, score every sample with D, and minimise LOOP's clipped
+        loss on the samples with leave-one-out advantages over the M samples of each prefix, plus the SFT
+        anchor on the expert's action (`irl_anchor`; 0 leaves D's reward alone)."""
         c = self.config
         device = self.accelerator.device
         disc = self._discriminator()
@@ -253,40 +271,54 @@ class StepAgentTrainer(Trainer):
             loss.backward()
             self.disc_optimizer.step()
         disc.eval()
-        rows, advantages, scores = [], [], []
+        groups: list[tuple[Inspected, list[Rollout], torch.Tensor]] = []  # rows: [a*_t, kept samples...]
+        scores: list[float] = []
         with torch.no_grad():
             expert_reward = float(torch.sigmoid(disc(positives)).mean()) if len(positives) else 0.0
             for f, x in zip(sample_f, inspected, strict=True):
                 r = stepagent.discriminator_rewards(disc(f))
                 scores += r
-                for tokens, lps, a in zip(x.samples, x.logprobs, stepagent.step_leave_one_out(r), strict=True):
-                    if abs(a) >= c.adv_threshold:
-                        rows.append(x.row(tokens, lps))
-                        advantages.append(a)
+                kept = [(s, a) for s, a in zip(x.samples, stepagent.step_leave_one_out(r), strict=True)]
+                kept = [(s, a) for s, a in kept if abs(a) >= c.adv_threshold]
+                if kept:
+                    rows = [x.row(x.step.action_tokens)] + [x.row(s) for s, _ in kept]
+                    groups.append((x, rows, torch.tensor([a for _, a in kept], device=device)))
+            # pi_old: the policy before this reflection, computed here rather than taken from the sampler
+            # (whose numbers are of a tempered distribution when inspect_temperature != 1)
+            olds = [self._token_logprobs(rows, device)[0][1:] for _, rows, _ in groups]
         metrics: dict[str, Any] = {
             "disc/accuracy": accuracy,
             "disc/reward_mean": sum(scores) / max(len(scores), 1),
             "disc/expert_reward": expert_reward,
-            "adv/kept": float(len(rows)),
+            "adv/kept": float(sum(len(rows) - 1 for _, rows, _ in groups)),
         }
-        if not rows:
+        if not groups:
             return metrics
-        old = None
-        if c.inspect_temperature != 1.0:  # the sampler's log-probs are of a tempered distribution
-            old = compute_logprobs(self.module, rows, self.pad_id, c.micro_batch_size, device)
-        metrics.update(
-            update(
-                self.module,
-                self.optimizer,
-                self.accelerator,
-                rows,
-                advantages,
-                old,
-                c,
-                self.pad_id,
-                self.rng,
-                between_steps=lambda step: self.safe_point(f"in iteration {i}, after update step {step}"),
+
+        def loss_of(g: int) -> tuple[torch.Tensor, tuple[LossStats, float]]:
+            x, rows, adv = groups[g]
+            logp, mask = self._token_logprobs(rows, device)
+            loss, st, anchor = stepagent.irl_policy_loss(
+                logp[1:],
+                olds[g],
+                adv,
+                mask[1:],
+                (logp[0] * mask[0]).sum(),
+                len(x.step.action_tokens),
+                c.clip_eps,
+                c.irl_anchor,
+                c.ratio_level,
             )
+            return loss, (st, anchor)
+
+        stats = self._reflect(i, len(groups), loss_of)
+        n = len(stats)
+        metrics.update(
+            {
+                "loss/clip_frac": sum(st.clip_frac for st, _ in stats) / n,
+                "loss/approx_kl": sum(st.approx_kl for st, _ in stats) / n,
+                "loss/anchor": sum(a for _, a in stats) / n,
+                "updated": 1.0,
+            }
         )
-        metrics["updated"] = 1.0
         return metrics

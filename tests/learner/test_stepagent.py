@@ -15,6 +15,7 @@ from agentloop.learner.stepagent import (
     combined_advantages,
     discriminator_loss,
     discriminator_rewards,
+    irl_policy_loss,
     normalise,
     step_dpo_loss,
     step_leave_one_out,
@@ -123,6 +124,25 @@ def test_discriminator_objective() -> None:
     assert float(loss) == pytest.approx(expected)
     assert accuracy == pytest.approx(2 / 4)  # 2 > 0 right, 0 not > 0, -1 < 0 right, 1 not < 0
     assert discriminator_rewards(torch.tensor([0.0, math.log(3.0)])) == pytest.approx([0.5, 0.75])
+
+
+def test_irl_policy_loss_is_the_clipped_loss_plus_the_anchor() -> None:
+    # two sampled actions of 2 tokens each; the second's first token is clipped (ratio e^0.5 > 1.2)
+    logp = torch.tensor([[-1.0, -2.0], [-0.5, -1.0]])
+    old = torch.tensor([[-1.0, -2.0], [-1.0, -1.0]])
+    mask = torch.ones(2, 2)
+    adv = torch.tensor([-0.25, 0.25])
+    expert, expert_tokens, eps, alpha = torch.tensor(-6.0), 3, 0.2, 0.5
+    loss, stats, anchor = irl_policy_loss(logp, old, adv, mask, expert, expert_tokens, eps, alpha)
+    # row 1: ratios 1, 1 -> surrogate -0.25 each; row 2: min(e^0.5 * 0.25, 1.2 * 0.25) = 0.3, then 0.25
+    clipped = -((-0.25 - 0.25) / 2 + (0.3 + 0.25) / 2) / 2
+    assert float(loss) == pytest.approx(clipped + alpha * 6.0 / 3)
+    assert anchor == pytest.approx(2.0)
+    assert stats.clip_frac == pytest.approx(1 / 4)
+    # the anchor pushes the expert action's log-prob up, by alpha per token
+    expert = torch.tensor(-6.0, requires_grad=True)
+    irl_policy_loss(logp, old, adv, mask, expert, expert_tokens, eps, alpha)[0].backward()
+    assert expert.grad is not None and float(expert.grad) == pytest.approx(-alpha / 3)
 
 
 def fit(d: Discriminator, expert: torch.Tensor, agent: torch.Tensor, lr: float, steps: int) -> float:

@@ -47,7 +47,10 @@ def _trainer(algo, lights_model_dir, **overrides):
 @pytest.mark.timeout(420)
 @pytest.mark.parametrize(
     ("algo", "overrides"),
-    [("stepagent-implicit", {"stepagent_lr": 3e-3, "dpo_beta": 0.5, "dpo_anchor": 2.0, "epochs": 2})],
+    [
+        ("stepagent-implicit", {"stepagent_lr": 3e-3, "dpo_beta": 0.5, "dpo_anchor": 2.0, "epochs": 2}),
+        ("stepagent-irl", {"stepagent_lr": 3e-3, "irl_anchor": 2.0, "epochs": 2}),
+    ],
 )
 def test_agreement_rises_over_cycles(algo, overrides, sqlite_db, lights_world, lights_model_dir, configure_env):
     configure_env(MODEL=str(lights_model_dir), MAX_BATCH_SIZE=48)
