@@ -86,7 +86,7 @@ PRESETS: dict[str, tuple[Any, Any]] = {
     "dev_every": (0, 0),
     "dev_limit": (None, 1),  # None: all dev tasks
     "dev_max_turns": (16, 2),  # the oracle solutions of the dev tasks take at most 15 calls
-    "agreement_prefixes": (24, 2),  # each measurement prefills them: ~100 s per 16 long prefixes on 2 cores
+    "agreement_prefixes": (48, 2),  # the steps of ~10 dev oracle episodes, one teacher-forced pass each
     "tasks_per_iteration": (2, 1),
     "rollouts_per_task": (4, 2),
     "max_turns": (16, 1),
@@ -121,8 +121,12 @@ CONFIG_FIELDS = (
     "lora_layers",
     "micro_tokens",
 )
-# what base.json's and warm_start.json's dev figures depend on: measured again when one differs
-EVAL_KEYS = ("model", "seed", "dev_limit", "dev_max_turns", "max_new_tokens", "agreement_prefixes")
+# what base.json's and warm_start.json's dev figures depend on: measured again when one differs (only the
+# agreement when only its settings differ)
+DEV_KEYS = ("model", "seed", "dev_limit", "dev_max_turns", "max_new_tokens")
+AGREEMENT_KEYS = ("agreement_prefixes", "agreement_metric")
+# how the learner measures agreement: a file measured another way has its agreement measured again
+AGREEMENT_METRIC = "greedy = expert tokens, teacher-forced over whole dev oracle episodes"
 # per-cycle metrics of the learner kept in an arm's file (absent where the algorithm has none)
 METRICS = {
     "reward/mean": "reward_mean",
@@ -170,7 +174,15 @@ def bench_settings(args: argparse.Namespace, model: str) -> dict[str, Any]:
 
 
 def eval_settings(settings: dict[str, Any]) -> dict[str, Any]:
-    return {k: settings.get(k) for k in EVAL_KEYS}
+    return {**{k: settings.get(k) for k in DEV_KEYS + AGREEMENT_KEYS}, "agreement_metric": AGREEMENT_METRIC}
+
+
+def stale(found: dict[str, Any], settings: dict[str, Any]) -> str | None:
+    """What of a phase file's figures must be measured again: None (nothing), "agreement" or "dev" (all)."""
+    old, now = found.get("settings", {}), eval_settings(settings)
+    if old == now:
+        return None
+    return "agreement" if all(old.get(k) == now[k] for k in DEV_KEYS) else "dev"
 
 
 def command() -> str:
@@ -263,10 +275,20 @@ def measure_dev(trainer: Trainer, agreement: bool = True) -> dict[str, Any]:
         "behaviour": summary["behaviour"],
         "mean_turns": summary.get("mean_turns"),
     }
-    if agreement and trainer.config.agreement_prefixes > 0:  # off: no figure rather than the learner's 0.0
-        point["agreement"] = round(float(trainer.dev_agreement()), 2)
-    point["eval_s"] = round(time.perf_counter() - t0, 1)
+    if agreement:
+        point.update(measure_agreement(trainer))
+    point["eval_s"] = round(time.perf_counter() - t0, 1)  # the dev evaluation and the agreement
     return point
+
+
+def measure_agreement(trainer: Trainer) -> dict[str, Any]:
+    """The learner's expert-action agreement on dev, timed; nothing with `--agreement-prefixes 0` (no figure
+    rather than the learner's 0.0)."""
+    if trainer.config.agreement_prefixes <= 0:
+        return {}
+    t0 = time.perf_counter()
+    agreement = round(float(trainer.dev_agreement()), 2)
+    return {"agreement": agreement, "agreement_eval_s": round(time.perf_counter() - t0, 1)}
 
 
 def timed_cycle(trainer: Trainer, i: int, rng_key: str) -> tuple[dict[str, Any], float, float]:
@@ -288,10 +310,17 @@ def measure_base(args: argparse.Namespace, results: Path, model_dir: Path, setti
     """base.json: the base model's figures (a fresh LoRA adapter is the identity); reused when comparable."""
     path = results / "base.json"
     found = read_json(path)
-    if found is not None and found["settings"] == eval_settings(settings):
+    if found is not None and stale(found, settings) is None:
         progress(f"base: reusing {path}")
         return found
     home = use_home(results / "homes" / "base", model_dir)
+    if found is not None and stale(found, settings) == "agreement":
+        trainer = load_trainer(home, make_config("sft", args), model_dir, None, "base")
+        progress("base: agreement settings changed, measuring its agreement again")
+        found.update({"settings": eval_settings(settings), **measure_agreement(trainer)})
+        release(trainer)
+        write_json(path, found)
+        return found
     trainer = load_trainer(home, make_config("sft", args), model_dir, None, "base")
     progress("base: dev evaluation and agreement of the base model")
     base = {"settings": eval_settings(settings), **measure_dev(trainer), **stamp()}
@@ -315,13 +344,15 @@ def warm_start(args: argparse.Namespace, results: Path, model_dir: Path, setting
                 f"warm start: reusing {adapter} ({found['train_s']:.0f} s of SFT; asked {args.warm_start_s:g} s): "
                 "delete it to train another"
             )
-        if found["settings"] == eval_settings(settings):
+        what = stale(found, settings)
+        if what is None:
             progress(f"warm start: reusing {adapter} and its figures")
             return found
         home = use_home(results / "homes" / "warm_start_eval", model_dir)
         trainer = load_trainer(home, config, model_dir, adapter, "warm start")
-        progress("warm start: evaluation settings changed, measuring its dev figures again")
-        found.update({"settings": eval_settings(settings), **measure_dev(trainer)})
+        progress(f"warm start: evaluation settings changed, measuring its {what} figures again")
+        figures = measure_agreement(trainer) if what == "agreement" else measure_dev(trainer)
+        found.update({"settings": eval_settings(settings), **figures})
         release(trainer)
         write_json(path, found)
         return found

@@ -103,7 +103,7 @@ class LoopConfig:
     disc_steps: int = field(default=50, metadata={"help": "stepagent-irl: discriminator steps per iteration"})
     step_omega: float = field(default=0.5, metadata={"help": "loop+step: A_t = A_trajectory + omega * A_step"})
     agreement_prefixes: int = field(
-        default=0, metadata={"help": "dev oracle prefixes on which expert-action agreement is measured (0: off)"}
+        default=0, metadata={"help": "dev oracle steps at which expert-action agreement is measured (0: off)"}
     )
     # --- LoRA
     lora_r: int = field(default=16, metadata={"help": "LoRA rank"})

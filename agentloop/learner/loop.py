@@ -132,6 +132,24 @@ def sequence_logprobs(
     return out.index_put((rows, cols), picked)
 
 
+@torch.no_grad()
+def greedy_hits(
+    model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, target_mask: torch.Tensor, chunk: int = 512
+) -> torch.Tensor:
+    """Teacher forcing: (B, T-1) bool, True where `target_mask` (B, T-1) is 1 and the most likely token after
+    position t is input_ids[:, t+1]. Greedy decoding from a prefix writes a given continuation exactly iff
+    this holds at every one of its positions, so one pass over a sequence answers that for all its parts."""
+    hidden = decoder_hidden(model.get_decoder(), input_ids, attention_mask)[:, :-1]  # (B, T-1, H)
+    weight = model.get_output_embeddings().weight  # (V, H)
+    rows, cols = target_mask.nonzero(as_tuple=True)
+    picked, targets = hidden[rows, cols], input_ids[:, 1:][rows, cols]  # (n, H), (n,)
+    best = [(picked[s : s + chunk] @ weight.T).argmax(dim=-1) for s in range(0, len(picked), chunk)]
+    out = torch.zeros(target_mask.shape, dtype=torch.bool, device=input_ids.device)
+    if best:
+        out[rows, cols] = torch.cat(best) == targets
+    return out
+
+
 SHARED_OPENING_MIN_TOKENS = 16  # below this, running the opening apart saves less than it costs
 
 

@@ -28,17 +28,14 @@ from typing import Any
 import sqlalchemy as sa
 import torch
 
-from agentloop.agent.actions import parse_action
 from agentloop.agent.episode import Limits
 from agentloop.agent.evaluate import run_eval, summarize
-from agentloop.learner import adapters, experts
+from agentloop.learner import adapters, experts, loop
 from agentloop.learner.checkpoint import Checkpoint, rng_state
 from agentloop.learner.config import LoopConfig
 from agentloop.learner.model import load_base, lora_model
-from agentloop.learner.stepagent import agrees
 from agentloop.learner.task_source import load_source
 from agentloop.learner.update import LogprobModel
-from agentloop.policy.base import GenerationRequest
 from agentloop.policy.local import LocalPolicy
 from agentloop.settings import Settings
 from agentloop.store import adapters as adapter_store
@@ -96,7 +93,7 @@ class Cancellation:
 # --- a run -----------------------------------------------------------------------------------------
 
 
-AGREEMENT_SLACK = 16  # new tokens past the length of the expert's call that an agreeing action may take
+AGREEMENT_ROWS = 2  # dev episodes per teacher-forced agreement pass (2-3k tokens each)
 
 
 @dataclass
@@ -270,36 +267,54 @@ class Trainer:
         return experts.expert_rollouts(self.tokenizer, tasks, self.limits(expert=True)), counts
 
     def dev_agreement(self) -> float:
-        """Expert-action agreement, in percent: the greedy action equals the expert's at held-out dev oracle
-        prefixes (the same prefixes every time)."""
+        """Expert-action agreement, in percent: at held-out dev oracle prefixes (the same every time), the
+        greedy action is the expert's a*_t, token for token. Greedy decoding writes a*_t iff at each of its
+        positions the most likely next token is a*_t's, so one teacher-forced pass over an expert episode
+        measures all its steps (loop.greedy_hits): the prefixes are the steps of whole dev episodes, taken
+        in a fixed random order until there are `agreement_prefixes`. A call written differently that
+        means the same counts as a miss: this is a lower bound of call agreement."""
         if self.agreement_steps is None:
-            dev = [t for t in self.source.dev if t.expert is not None]
-            steps = [
-                s
-                for r in experts.expert_rollouts(self.tokenizer, dev, self.limits(expert=True))
-                for s in experts.expert_steps(r)
-            ]
-            self.agreement_steps = random.Random(0).sample(steps, min(self.config.agreement_prefixes, len(steps)))
-        if not self.agreement_steps:
+            self.agreement_steps = self._agreement_episodes(self.config.agreement_prefixes)
+        total = sum(len(steps) for _, steps in self.agreement_steps)
+        if not total:
             return 0.0
-        self.report({"phase": "agreement", "prefixes": len(self.agreement_steps)})
+        self.report({"phase": "agreement", "prefixes": total, "episodes": len(self.agreement_steps)})
         self.model.eval()
-        self.policy.clear_cache()
-        # a generation longer than the expert's call (and some slack for spacing) cannot be the same call
-        requests = [
-            GenerationRequest(
-                s.prefix, min(self.config.max_new_tokens, len(s.action_tokens) + AGREEMENT_SLACK), temperature=0.0
-            )
-            for s in self.agreement_steps
-        ]
-        gens = self.policy.generate(requests)
-        self.policy.clear_cache()
+        device = self.accelerator.device
         hits = 0
-        for step, gen in zip(self.agreement_steps, gens, strict=True):
-            parsed = parse_action(gen.text).actions
-            hits += agrees(parsed[0] if parsed else None, step.call)
-        self.last_agreement = 100.0 * hits / len(self.agreement_steps)
+        for start in range(0, len(self.agreement_steps), AGREEMENT_ROWS):
+            part = self.agreement_steps[start : start + AGREEMENT_ROWS]
+            # each episode up to the end of its last measured action; targets: the measured actions' tokens
+            ends = [len(steps[-1].prefix) + len(steps[-1].action_tokens) for _, steps in part]
+            ids = torch.full((len(part), max(ends)), self.pad_id, dtype=torch.long)
+            attn = torch.zeros_like(ids)
+            targets = torch.zeros((len(part), max(ends) - 1), dtype=torch.bool)
+            for b, ((tokens, steps), end) in enumerate(zip(part, ends, strict=True)):
+                ids[b, :end] = torch.tensor(tokens[:end])
+                attn[b, :end] = 1
+                for st in steps:
+                    targets[b, len(st.prefix) - 1 : len(st.prefix) + len(st.action_tokens) - 1] = True
+            matches = loop.greedy_hits(self.model, ids.to(device), attn.to(device), targets.to(device))
+            for b, (_, steps) in enumerate(part):
+                for st in steps:
+                    p = len(st.prefix)
+                    hits += bool(matches[b, p - 1 : p + len(st.action_tokens) - 1].all())
+        self.last_agreement = 100.0 * hits / total
         return self.last_agreement
+
+    def _agreement_episodes(self, n: int) -> list[tuple[list[int], list[experts.ExpertStep]]]:
+        """The steps of dev oracle episodes, episodes in a fixed random order, until n steps."""
+        dev = [t for t in self.source.dev if t.expert is not None]
+        rollouts = experts.expert_rollouts(self.tokenizer, dev, self.limits(expert=True))
+        random.Random(0).shuffle(rollouts)
+        chosen: list[tuple[list[int], list[experts.ExpertStep]]] = []
+        for r in rollouts:
+            steps = experts.expert_steps(r)[: n - sum(len(s) for _, s in chosen)]
+            if steps:
+                chosen.append((r.token_ids, steps))
+            if sum(len(s) for _, s in chosen) == n:
+                break
+        return chosen
 
     def checkpoint_extra(self) -> dict[str, Any]:
         """JSON state kept between iterations, beside the shared state."""

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from agentloop.learner.loop import (
+    greedy_hits,
     group_normalised_advantages,
     keep_mask,
     kl_to_reference,
@@ -168,6 +169,34 @@ def test_selected_positions_equal_the_full_computation(tiny_model_dir):
     picked = sequence_logprobs(model, ids, attn, chunk=7, target_mask=select)
     assert torch.allclose(picked[select.bool()], full[select.bool()], atol=1e-5)
     assert (picked[~select.bool()] == 0).all()
+
+
+def test_greedy_hits_are_where_greedy_decoding_writes_the_next_token(tiny_model_dir):
+    """Teacher-forced argmax = what greedy decoding writes: a greedily decoded continuation is all hits, a
+    token replaced in it is a miss; padding and the prompt are never targets."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    prompt = torch.randint(0, 1000, (1, 30))
+    prompts = torch.cat([prompt, prompt], dim=0)
+    prompts[1, 25:] = torch.randint(0, 1000, (5,))  # two rows that share their first 25 tokens
+    rows = [
+        model.generate(p[None], attention_mask=torch.ones_like(p[None]), max_new_tokens=n, do_sample=False)[0]
+        for p, n in zip(prompts, (12, 8), strict=True)
+    ]
+    ids = torch.zeros((2, 42), dtype=torch.long)
+    attn = torch.zeros_like(ids)
+    target = torch.zeros((2, 41), dtype=torch.bool)
+    for b, r in enumerate(rows):
+        ids[b, : len(r)], attn[b, : len(r)] = r, 1
+        target[b, 29 : len(r) - 1] = True  # the positions that predict the decoded tokens
+    hits = greedy_hits(model, ids, attn, target, chunk=5)
+    assert hits[target].all() and not hits[~target].any()
+    wrong = ids.clone()
+    wrong[0, 34] = (ids[0, 34] + 1) % 1000  # not what greedy decoding wrote there
+    hits = greedy_hits(model, wrong, attn, target, chunk=5)
+    assert not hits[0, 33] and hits[0, 29:33].all() and hits[1, 29:37].all()
 
 
 def test_shared_opening_gives_the_same_logprobs_and_gradients(tiny_model_dir):
