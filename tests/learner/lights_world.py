@@ -95,7 +95,11 @@ class LightsWorld:
         return [t for t in out if split is None or t.split == split]
 
     def task(self, task_id: str) -> TaskSpec:
-        return next(t for t in self.tasks() if t.id == task_id)
+        """KeyError for a ref that names no task, as the built-in world's."""
+        for t in self.tasks():
+            if t.id == task_id:
+                return t
+        raise KeyError(f"lights world: no task {task_id!r}")
 
     def task_world(self, task_id: str) -> World:
         return self.new_world(self.task(task_id).seed, ["lights"])
