@@ -460,7 +460,10 @@ def eval_command(
     limit: int = typer.Option(None, min=1, help="Only the first N tasks of the split."),
     app_name: str = typer.Option(None, "--app", help="Evaluate on a registered external app instead."),
     tenant: str = typer.Option(None, help="Tenant that registered --app (needed if several did)."),
-    task_refs: Path = typer.Option(None, help="With --app: file with one task ref per line (default: all)."),
+    task_refs: Path = typer.Option(
+        None,
+        help="File of task refs, one per line: run those tasks of the world or of --app instead of --split.",
+    ),
     max_turns: int = typer.Option(None, min=1, help="Turn limit (default AGENTLOOP_AGENT_MAX_TURNS)."),
     max_new_tokens: int = typer.Option(
         None, min=1, help="New tokens per turn (default AGENTLOOP_AGENT_MAX_NEW_TOKENS)."

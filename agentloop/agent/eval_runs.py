@@ -36,6 +36,28 @@ def world_tasks(provider: WorldProvider, split: str | None, limit: int | None = 
     return [eval_task(provider, spec) for spec in specs]
 
 
+def named_world_tasks(provider: WorldProvider, refs: list[str]) -> list[EvalTask]:
+    """The world's tasks of these refs, in their order; a ref the world does not know is a ValueError."""
+    specs, unknown = [], []
+    for ref in refs:
+        try:
+            specs.append(provider.task(ref))
+        except KeyError:
+            unknown.append(ref)
+    if unknown:
+        raise ValueError(f"world {provider.name!r} has no task(s) {', '.join(unknown)}")
+    return [eval_task(provider, spec) for spec in specs]
+
+
+def _read_refs(path: Path) -> list[str]:
+    """One task ref per line; blank lines skipped."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ValueError(f"cannot read task refs from {path}: {exc.strerror}") from None
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
 def eval_task(provider: WorldProvider, spec: TaskSpec) -> EvalTask:
     def start() -> tuple[World, Any]:
         return provider.task_world(spec.id), spec.evaluator
@@ -208,17 +230,19 @@ def run_eval_command(
     with session_scope() as s:
         if app_name:
             external, tenant_id = load_external_app(s, settings, app_name, tenant)
-            refs = None
-            if task_refs is not None:
-                refs = [line.strip() for line in task_refs.read_text().splitlines() if line.strip()]
+            refs = _read_refs(task_refs) if task_refs is not None else None
             tasks = external_tasks(external, lambda: BUILTIN.new_world(0, []), refs)
             apps: dict[str, Any] = {**BUILTIN.apps, external.name: external.spec()}
             world_name, split_name = f"app:{app_name}", None
         else:
             provider = get_world(world)
-            tasks = world_tasks(provider, split, limit)
+            if task_refs is not None:  # named tasks (procedural `<scenario>@<seed>` refs too) instead of a split
+                tasks = named_world_tasks(provider, _read_refs(task_refs))[:limit]
+                world_name, split_name = world, None
+            else:
+                tasks = world_tasks(provider, split, limit)
+                world_name, split_name = world, split
             apps = dict(provider.apps)
-            world_name, split_name = world, split
         if not tasks:
             raise ValueError(f"no tasks to run (world {world!r}, split {split!r})")
         adapter = resolve_adapter(s, settings, adapter_ref) if adapter_ref else None

@@ -109,6 +109,27 @@ def test_eval_and_world_commands(isolated_home, tiny_model_dir, configure_env):
     )
     assert bad.returncode != 0 and "no tasks in split 'nope'" in bad.stderr
 
+    # named tasks of any split, a procedural instance among them, instead of a split
+    refs = isolated_home / "refs.txt"
+    refs.write_text("music_like_song-2\n\nmail_send_simple-1\nwallet_balance@12345\n")
+    named = subprocess.run(
+        [sys.executable, "-m", "agentloop.cli", "eval", "--task-refs", str(refs), "--policy", "oracle", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert named.returncode == 0, named.stderr
+    summary = json.loads(named.stdout.strip().splitlines()[-1])
+    assert summary["tgc"] == 100.0 and summary["episodes"] == 3
+    refs.write_text("music_like_song-2\nno_such_task-1\n")
+    unknown = subprocess.run(
+        [sys.executable, "-m", "agentloop.cli", "eval", "--task-refs", str(refs), "--policy", "oracle"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert unknown.returncode != 0 and "no task(s) no_such_task-1" in unknown.stderr
+
     digest = subprocess.run(
         [sys.executable, "-m", "agentloop.cli", "world", "digest", "--split", "dev", "--json"],
         capture_output=True,
