@@ -42,8 +42,17 @@ class OracleClient:
             result = self.world.call(app, api, args)
         except ApiError as exc:
             raise RuntimeError(f"oracle call {app}.{api}({args}) failed: {exc}") from exc
-        self.actions.append(ToolCall(app, api, args))
+        self.actions.append(ToolCall(app, api, self._ordered(app, api, args)))
         return result
+
+    def _ordered(self, app: str, api: str, args: dict[str, Any]) -> dict[str, Any]:
+        """The arguments as the expert writes them: the access token first, then in the order the API
+        declares its parameters (the order its index shows), so that every expert call of an API reads
+        the same way whatever order the solution passed them in."""
+        spec = self.world.apps.get(app)
+        declared = list(spec.apis[api].parameters.get("properties") or {}) if spec and api in spec.apis else []
+        rank = {name: i for i, name in enumerate(["access_token", *declared])}
+        return dict(sorted(args.items(), key=lambda kv: rank.get(kv[0], len(rank))))
 
     def login(self, app: str) -> str:
         """Log in the way a careful agent would: read the passwords once, then call app.login."""
