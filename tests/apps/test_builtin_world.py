@@ -24,6 +24,21 @@ def test_oracle_solves_every_task_and_doing_nothing_does_not(task):
     assert not task.evaluator.evaluate(idle.copy_state(), idle.state, None).success
 
 
+def test_oracle_calls_list_their_arguments_in_declared_order():
+    # paginated calls pass page_index/page_limit first in the solutions' code; the expert writes the token
+    # first, then the API's parameters in the order its index shows
+    seen = 0
+    for task in BUILTIN.tasks("dev") + BUILTIN.tasks("train")[:30]:
+        world = BUILTIN.task_world(task.id)
+        for call in run_oracle(task, world).actions:
+            declared = dict.fromkeys(
+                ["access_token", *world.apps[call.app].apis[call.api].parameters.get("properties", {})]
+            )
+            assert list(call.args) == [name for name in declared if name in call.args], (task.id, call)
+            seen += "page_index" in call.args and "access_token" in call.args
+    assert seen > 10
+
+
 def test_same_task_same_verdict():
     task = BUILTIN.tasks("test_normal")[0]
     verdicts = []
@@ -90,3 +105,19 @@ def test_snapshot_restore_roundtrip():
     assert world.state != original
     world.restore(snap)
     assert world.state == original and not world.completed
+
+
+def test_every_api_an_evaluation_task_needs_on_a_train_app_is_used_by_a_train_task():
+    # dev and test_normal scenarios are new tasks, not new APIs: what their oracles call on the apps train
+    # tasks use, some train oracle calls too (the held-out apps are test_challenge's, and dev's few tasks
+    # on them)
+    def called(split: str) -> set[str]:
+        return {
+            f"{a.app}.{a.api}" for t in BUILTIN.tasks(split) for a in run_oracle(t, BUILTIN.task_world(t.id)).actions
+        }
+
+    taught = called("train")
+    train_apps = {name.split(".")[0] for name in taught}
+    assert not train_apps & {"music", "files", "todo"}
+    for split in ("dev", "test_normal"):
+        assert {name for name in called(split) if name.split(".")[0] in train_apps} <= taught, split

@@ -23,10 +23,10 @@ HELD_OUT_APPS = {"music", "files", "todo"}
 
 
 def test_scenario_mix() -> None:
-    assert len(MINE) == 34
-    assert Counter(s.split for s in MINE) == {"train": 19, "dev": 5, "test_normal": 10}
+    assert len(MINE) == 35
+    assert Counter(s.split for s in MINE) == {"train": 20, "dev": 5, "test_normal": 10}
     difficulty = Counter(s.difficulty for s in MINE)
-    assert difficulty == {1: 14, 2: 14, 3: 6}
+    assert difficulty == {1: 14, 2: 15, 3: 6}
     assert len(cross.SCENARIOS) == 12 and all(2 <= len(s.apps) <= 4 for s in cross.SCENARIOS)
     assert all(s.apps == ("supervisor",) for s in supervisor.SCENARIOS)
     assert not any(HELD_OUT_APPS & set(s.apps) for s in MINE)

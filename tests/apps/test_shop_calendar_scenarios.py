@@ -8,8 +8,8 @@ MINE = [s for s in BUILTIN.scenarios if s.id.startswith(("shop_", "calendar_"))]
 
 
 def test_scenario_mix() -> None:
-    assert len(MINE) == 23
-    assert Counter(s.split for s in MINE) == {"train": 12, "dev": 4, "test_normal": 7}
+    assert len(MINE) == 29
+    assert Counter(s.split for s in MINE) == {"train": 18, "dev": 4, "test_normal": 7}
     difficulty = Counter(s.difficulty for s in MINE)
     assert difficulty[1] >= 8 and difficulty[2] >= 8 and difficulty[3] >= 4
     assert sum(len(s.apps) > 1 for s in MINE) == 4
@@ -20,5 +20,5 @@ def test_my_scenarios_vary_between_instances() -> None:
     per_scenario: dict[str, set[str]] = {}
     for t in mine:
         per_scenario.setdefault(t.scenario_id, set()).add(t.instruction)
-    assert len(per_scenario) == 23
+    assert len(per_scenario) == 29
     assert all(len(v) == 3 for v in per_scenario.values()), per_scenario

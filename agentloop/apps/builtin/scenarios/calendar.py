@@ -404,14 +404,74 @@ def calendar_first_free_slot(world: World, rng: random.Random) -> TaskInstance:
     )
 
 
+RENAMES = ("Team sync", "Catch-up call", "Planning session", "Quick check-in", "Project review", "Coffee chat")
+
+
+def calendar_rename_event(world: World, rng: random.Random) -> TaskInstance:
+    target = pick(rng, upcoming_own(world), "upcoming event of mine")
+    title, day = target["title"], target["start"][:10]
+    new_title = rng.choice([t for t in RENAMES if t != title])
+
+    def oracle(c: OracleClient) -> None:
+        token = c.login("calendar")
+        event = find_event(c, token, title, day)
+        c.call("calendar", "update_event", access_token=token, event_id=event["event_id"], title=new_title)
+
+    return TaskInstance(
+        f"Rename my '{title}' on {day_label(target['start'])} to '{new_title}'.",
+        oracle,
+        [updated("calendar", "events", target["id"], title=new_title)],
+    )
+
+
+def calendar_extend_event(world: World, rng: random.Random) -> TaskInstance:
+    target = pick(rng, upcoming_own(world), "upcoming event of mine")
+    title, day = target["title"], target["start"][:10]
+    finish = iso(datetime.fromisoformat(target["end"]) + timedelta(minutes=rng.choice([15, 30, 45, 60])))
+
+    def oracle(c: OracleClient) -> None:
+        token = c.login("calendar")
+        event = find_event(c, token, title, day)
+        c.call("calendar", "update_event", access_token=token, event_id=event["event_id"], end=finish)
+
+    return TaskInstance(
+        f"My '{title}' on {day_label(target['start'])} will run longer: make it end at {clock(finish)} UTC.",
+        oracle,
+        [updated("calendar", "events", target["id"], end=finish)],
+    )
+
+
+def calendar_clear_day(world: World, rng: random.Random) -> TaskInstance:
+    me = my_email(world)
+    day = pick(rng, sorted({e["start"][:10] for e in upcoming_own(world)}), "day with an event of mine")
+    mine = [e for e in events(world) if e["organizer"] == me and e["status"] == "confirmed" and e["start"][:10] == day]
+    after, before = f"{day}T00:00:00Z", iso(datetime.fromisoformat(f"{day}T00:00:00+00:00") + timedelta(days=1))
+
+    def oracle(c: OracleClient) -> None:
+        token = c.login("calendar")
+        listed = list(c.pages("calendar", "list_events", access_token=token, after=after, before=before))
+        for event in listed:
+            if event["organizer"] == me and event["start"].startswith(day):
+                c.call("calendar", "cancel_event", access_token=token, event_id=event["event_id"])
+
+    return TaskInstance(
+        f"I'm taking {day_label(mine[0]['start'])} off: cancel every event I organize that starts that day.",
+        oracle,
+        [updated("calendar", "events", e["id"], status="cancelled") for e in mine],
+    )
+
+
 SCENARIOS = [
     Scenario("calendar_event_location", 1, ("calendar",), "train", calendar_event_location),
     Scenario("calendar_create_event", 1, ("calendar",), "train", calendar_create_event),
     Scenario("calendar_add_attendee", 1, ("calendar",), "train", calendar_add_attendee),
+    Scenario("calendar_rename_event", 1, ("calendar",), "train", calendar_rename_event),
+    Scenario("calendar_extend_event", 1, ("calendar",), "train", calendar_extend_event),
     Scenario("calendar_cancel_event", 1, ("calendar",), "test_normal", calendar_cancel_event),
     Scenario("calendar_reschedule", 1, ("calendar",), "dev", calendar_reschedule),
     Scenario("calendar_accept_from", 2, ("calendar",), "train", calendar_accept_from),
     Scenario("calendar_count_with", 2, ("calendar",), "train", calendar_count_with),
+    Scenario("calendar_clear_day", 2, ("calendar",), "train", calendar_clear_day),
     Scenario("calendar_birthdays_between", 2, ("calendar",), "test_normal", calendar_birthdays_between),
     Scenario("calendar_first_free_slot", 3, ("calendar",), "test_normal", calendar_first_free_slot),
 ]

@@ -298,10 +298,26 @@ def contacts_round_birthdays(world: World, rng: random.Random) -> TaskInstance:
     )
 
 
+def contacts_count_birthdays(world: World, rng: random.Random) -> TaskInstance:
+    days = rng.choice([7, 10, 14, 21, 45, 60])
+    inside = in_window(world, days, rng, at_least=1, at_most=6)
+
+    def oracle(c: OracleClient) -> int:
+        token = c.login("contacts")
+        return len(list(c.pages("contacts", "upcoming_birthdays", access_token=token, days=days)))
+
+    return TaskInstance(
+        f"How many of my contacts have a birthday in the next {days} days, today included?",
+        oracle,
+        answer=len(inside),
+    )
+
+
 SCENARIOS = [
     Scenario("contacts_phone_of", 1, ("contacts",), "train", contacts_phone_of),
     Scenario("contacts_add_new", 1, ("contacts",), "train", contacts_add_new),
     Scenario("contacts_delete_person", 1, ("contacts",), "train", contacts_delete_person),
+    Scenario("contacts_count_birthdays", 1, ("contacts",), "train", contacts_count_birthdays),
     Scenario("contacts_update_phone", 1, ("contacts",), "dev", contacts_update_phone),
     Scenario("contacts_upcoming_birthdays", 2, ("contacts",), "test_normal", contacts_upcoming_birthdays),
     Scenario("contacts_favorite_city", 2, ("contacts",), "train", contacts_favorite_city),

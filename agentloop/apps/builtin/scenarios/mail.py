@@ -12,7 +12,7 @@ from agentloop.apps.builtin.people import iso
 from agentloop.apps.builtin.scenarios.common import days_ago, me, my_email, plant
 from agentloop.apps.builtin.scenarios.contacts import contact_rows, full_name
 from agentloop.apps.evaluation import added, contains, same_items, updated
-from agentloop.apps.tasks import OracleClient, Scenario, TaskInstance
+from agentloop.apps.tasks import OracleClient, Scenario, TaskInstance, pick
 from agentloop.apps.world import World
 
 SERVICES = {s.address for s in STORES} | {n[1] for n in NEWSLETTERS} | {p[1] for p in PROMOS}
@@ -423,9 +423,83 @@ def mail_receipts_total(world: World, rng: random.Random) -> TaskInstance:
     )
 
 
+def mail_reply_latest_from(world: World, rng: random.Random) -> TaskInstance:
+    latest: dict[str, dict[str, Any]] = {}
+    for e in sorted(from_people(world), key=lambda e: e["date"]):
+        latest[e["sender"]] = e
+    email = pick(
+        rng,
+        [e for e in latest.values() if not e["cc"] and len(e["to"]) == 1 and subject_is_unique(world, e["subject"])],
+        "latest email of a person that went to me alone",
+    )
+    name, address, text = email["sender_name"], email["sender"], rng.choice(REPLIES)
+
+    def oracle(c: OracleClient) -> None:
+        token = c.login("mail")
+        hits = c.pages("mail", "search_emails", access_token=token, sender=address, folder="inbox")
+        found = max((e for e in hits if e["sender"] == address), key=lambda e: e["date"])
+        c.call("mail", "reply_email", access_token=token, email_id=found["email_id"], body=text)
+
+    return TaskInstance(
+        f"Reply to the latest email in my inbox from {name} ({address}), saying: '{text}'",
+        oracle,
+        [
+            added(
+                "mail",
+                "emails",
+                folder="sent",
+                in_reply_to=email["id"],
+                to=[address],
+                cc=[],
+                subject=f"Re: {email['subject']}",
+                body=contains(text),
+            )
+        ],
+    )
+
+
+def mail_send_newest_draft(world: World, rng: random.Random) -> TaskInstance:
+    (old_subject, old_body), (subject, body) = rng.sample(DRAFT_IDEAS, 2)
+    author = {"sender": my_email(world), "sender_name": f"{me(world)['first_name']} {me(world)['last_name']}"}
+    # an older draft beside it: the task is the newer one
+    plant_email(
+        world,
+        **author,
+        to=[],
+        subject=old_subject,
+        body=old_body,
+        date=days_ago(world, rng.uniform(4, 9)),
+        folder="drafts",
+    )
+    newer = plant_email(
+        world,
+        **author,
+        to=[],
+        subject=subject,
+        body=body,
+        date=days_ago(world, rng.uniform(0.05, 0.4)),
+        folder="drafts",
+    )
+    recipient = rng.choice(contact_rows(world))
+    to = recipient["email"]
+
+    def oracle(c: OracleClient) -> None:
+        token = c.login("mail")
+        found = max(c.pages("mail", "search_emails", access_token=token, folder="drafts"), key=lambda e: e["date"])
+        c.call("mail", "send_draft", access_token=token, email_id=found["email_id"], to=[to])
+
+    return TaskInstance(
+        f"Send my most recent draft email to {full_name(recipient)} ({to}).",
+        oracle,
+        [updated("mail", "emails", newer["id"], folder="sent", to=[to], date=iso(world.now))],
+    )
+
+
 SCENARIOS = [
     Scenario("mail_latest_subject", 1, ("mail",), "train", mail_latest_subject),
     Scenario("mail_send_simple", 1, ("mail",), "train", mail_send_simple),
+    Scenario("mail_reply_latest_from", 1, ("mail",), "train", mail_reply_latest_from),
+    Scenario("mail_send_newest_draft", 1, ("mail",), "train", mail_send_newest_draft),
     Scenario("mail_attachment_names", 1, ("mail",), "test_normal", mail_attachment_names),
     Scenario("mail_reply_to", 1, ("mail",), "dev", mail_reply_to),
     Scenario("mail_trash_old_newsletters", 2, ("mail",), "train", mail_trash_old_newsletters),

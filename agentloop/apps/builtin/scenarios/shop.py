@@ -12,7 +12,7 @@ from agentloop.apps.builtin.people import iso
 from agentloop.apps.builtin.scenarios._when import day_label
 from agentloop.apps.builtin.scenarios.common import days_ago, plant
 from agentloop.apps.evaluation import Expect, added, contains, removed, updated
-from agentloop.apps.tasks import OracleClient, Scenario, TaskInstance
+from agentloop.apps.tasks import NoInstance, OracleClient, Scenario, TaskInstance, pick
 from agentloop.apps.world import World
 
 Record = dict[str, Any]
@@ -397,11 +397,88 @@ def shop_reorder_latest(world: World, rng: random.Random) -> TaskInstance:
     )
 
 
+CART_QUESTIONS = {
+    "units": (
+        "How many items are in my shop cart, counting every unit?",
+        "How many units does my shop cart hold in all?",
+    ),
+    "products": ("How many different products are in my shop cart?",),
+    "total": ("What would my shop cart cost in total right now, shipping included?",),
+}
+
+
+def shop_cart_question(world: World, rng: random.Random) -> TaskInstance:
+    lines = cart_lines(world)
+    if not lines:
+        raise NoInstance("no items in the cart")
+    kind = rng.choice(sorted(CART_QUESTIONS))
+
+    def answer(cart: dict[str, Any]) -> float:
+        if kind == "units":
+            return sum(int(i["quantity"]) for i in cart["items"])
+        return len(cart["items"]) if kind == "products" else float(cart["total"])
+
+    def oracle(c: OracleClient) -> float:
+        token = c.login("shop")
+        return answer(c.call("shop", "show_cart", access_token=token))
+
+    priced = [{"unit_price": product(world, x["product_id"])["price"], "quantity": x["quantity"]} for x in lines]
+    expected = answer({"items": priced, **order_totals(priced)})
+    return TaskInstance(rng.choice(CART_QUESTIONS[kind]), oracle, answer=expected)
+
+
+def shop_drop_by_price(world: World, rng: random.Random) -> TaskInstance:
+    lines = cart_lines(world)
+    prices = sorted((product(world, x["product_id"])["price"], x["id"]) for x in lines)
+    if len(prices) < 2 or prices[-1][0] == prices[-2][0] or prices[0][0] == prices[1][0]:
+        raise NoInstance("no cart with one cheapest and one most expensive product")
+    highest = rng.random() < 0.5
+    dropped = prices[-1][1] if highest else prices[0][1]
+
+    def oracle(c: OracleClient) -> None:
+        token = c.login("shop")
+        items = c.call("shop", "show_cart", access_token=token)["items"]
+        pick_one = max if highest else min
+        line = pick_one(items, key=lambda i: i["unit_price"])
+        c.call("shop", "remove_from_cart", access_token=token, cart_item_id=line["cart_item_id"])
+
+    which = rng.choice(["highest", "most expensive"] if highest else ["lowest", "cheapest"])
+    what = f"the product with the {which} unit price" if which in ("highest", "lowest") else f"the {which} product"
+    return TaskInstance(f"Remove {what} from my shop cart.", oracle, [removed("shop", "cart_items", dropped)])
+
+
+def shop_buy_with_cart(world: World, rng: random.Random) -> TaskInstance:
+    target = pick(rng, buyable(world), "product in stock outside the cart")
+    name = target["name"]
+    cards, addresses = supervisor_names(world)
+    card_id, address_id = rng.choice(sorted(cards)), rng.choice(sorted(addresses))
+    card_name, address_name = cards[card_id], addresses[address_id]
+    lines = cart_lines(world)
+
+    def oracle(c: OracleClient) -> None:
+        token = c.login("shop")
+        found = find_product(c, token, name)
+        c.call("shop", "add_to_cart", access_token=token, product_id=found["product_id"], quantity=1)
+        card, address = card_and_address(c, card_name, address_name)
+        c.call("shop", "checkout", access_token=token, payment_card_id=card, address_id=address)
+
+    bought = {x["product_id"]: x["quantity"] for x in lines} | {target["id"]: 1}
+    return TaskInstance(
+        f"Add {the(name)} to my shop cart and check out the whole cart. Pay with my {card_name} card and ship it "
+        f"to my {address_name.lower()} address.",
+        oracle,
+        checkout_changes(world, bought, card_id, address_id, [x["id"] for x in lines]),
+    )
+
+
 SCENARIOS = [
     Scenario("shop_product_price", 1, ("shop",), "train", shop_product_price),
     Scenario("shop_add_to_cart", 1, ("shop",), "train", shop_add_to_cart),
     Scenario("shop_remove_from_cart", 1, ("shop",), "dev", shop_remove_from_cart),
     Scenario("shop_review_purchase", 1, ("shop",), "train", shop_review_purchase),
+    Scenario("shop_cart_question", 1, ("shop",), "train", shop_cart_question),
+    Scenario("shop_drop_by_price", 1, ("shop",), "train", shop_drop_by_price),
+    Scenario("shop_buy_with_cart", 2, ("shop",), "train", shop_buy_with_cart),
     Scenario("shop_cancel_unshipped", 2, ("shop",), "train", shop_cancel_unshipped),
     Scenario("shop_return_damaged", 2, ("shop",), "train", shop_return_damaged),
     Scenario("shop_checkout_cart", 2, ("shop",), "dev", shop_checkout_cart),

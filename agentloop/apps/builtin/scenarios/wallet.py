@@ -401,9 +401,41 @@ def wallet_settle_up(world: World, rng: random.Random) -> TaskInstance:
     return TaskInstance(ask.format(when=when, person=person, note=SETTLE_NOTE), oracle, expectations)
 
 
+def wallet_decline_by_amount(world: World, rng: random.Random) -> TaskInstance:
+    me = my_email(world)
+    for days in rng.sample(range(1, 20), 3):
+        person = rng.choice(world_people(world))
+        plant_request(world, person, me, cents(rng, 10, 150), rng.choice(NOTES), days_ago(world, days))
+    pending = sorted(
+        (r for r in requests(world) if r["payer"] == me and r["status"] == "pending"), key=lambda r: r["amount"]
+    )
+    # one largest and one smallest amount, whichever the task asks for
+    pending[-1]["amount"] = round(max(pending[-1]["amount"], pending[-2]["amount"] + 5), 2)
+    pending[0]["amount"] = round(min(pending[0]["amount"], pending[1]["amount"] / 2), 2)
+    largest = rng.random() < 0.5
+    target = pending[-1] if largest else pending[0]
+
+    def oracle(c: OracleClient) -> None:
+        token = c.login("wallet")
+        mine = c.pages("wallet", "list_requests", access_token=token, direction="incoming", status="pending")
+        pick_one = max if largest else min
+        chosen = pick_one(mine, key=lambda r: r["amount"])
+        c.call("wallet", "decline_request", access_token=token, request_id=chosen["request_id"])
+
+    size = rng.choice(["largest", "biggest"] if largest else ["smallest"])
+    ask = rng.choice(
+        [
+            "Decline the {size} money request on wallet that is still waiting for me to pay.",
+            "Of the wallet requests I haven't answered yet, decline the {size} one.",
+        ]
+    )
+    return TaskInstance(ask.format(size=size), oracle, [updated("wallet", "requests", target["id"], status="declined")])
+
+
 SCENARIOS = [
     Scenario("wallet_balance", 1, ("wallet",), "train", wallet_balance),
     Scenario("wallet_send_money", 1, ("wallet",), "train", wallet_send_money),
+    Scenario("wallet_decline_by_amount", 2, ("wallet",), "train", wallet_decline_by_amount),
     Scenario("wallet_request_money", 1, ("wallet",), "test_normal", wallet_request_money),
     Scenario("wallet_decline_from", 2, ("wallet",), "dev", wallet_decline_from),
     Scenario("wallet_received_in_month", 2, ("wallet",), "train", wallet_received_in_month),
