@@ -678,6 +678,7 @@ def docs_section(
     machines = list(dict.fromkeys(r["machine"] for r in files))
     s = result["settings"]
     budgets = ", ".join(f"{LABELS[a]} {r['settings']['budget_s']:g} s (lr {r['lr']:g})" for a, r in arms.items())
+    budgets = budgets or f"{s['budget_s']:g} s each (no arm has run yet)"
     dev_every = {r.get("dev_every", 0) for r in arms.values()}
     when = (
         "at each arm's start and at its end only"
