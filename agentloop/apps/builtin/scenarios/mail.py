@@ -460,26 +460,19 @@ def mail_reply_latest_from(world: World, rng: random.Random) -> TaskInstance:
 
 def mail_send_newest_draft(world: World, rng: random.Random) -> TaskInstance:
     (old_subject, old_body), (subject, body) = rng.sample(DRAFT_IDEAS, 2)
-    author = {"sender": my_email(world), "sender_name": f"{me(world)['first_name']} {me(world)['last_name']}"}
+    sender, name = my_email(world), f"{me(world)['first_name']} {me(world)['last_name']}"
     # an older draft beside it: the task is the newer one
-    plant_email(
-        world,
-        **author,
-        to=[],
-        subject=old_subject,
-        body=old_body,
-        date=days_ago(world, rng.uniform(4, 9)),
-        folder="drafts",
-    )
-    newer = plant_email(
-        world,
-        **author,
-        to=[],
-        subject=subject,
-        body=body,
-        date=days_ago(world, rng.uniform(0.05, 0.4)),
-        folder="drafts",
-    )
+    for title, text, age in ((old_subject, old_body, rng.uniform(4, 9)), (subject, body, rng.uniform(0.05, 0.4))):
+        newer = plant_email(
+            world,
+            sender=sender,
+            sender_name=name,
+            to=[],
+            subject=title,
+            body=text,
+            date=days_ago(world, age),
+            folder="drafts",
+        )
     recipient = rng.choice(contact_rows(world))
     to = recipient["email"]
 
