@@ -11,7 +11,7 @@ from agentloop.apps.builtin.apps.mail import NEWSLETTERS, PROJECTS, PROMOS, STOR
 from agentloop.apps.builtin.people import iso
 from agentloop.apps.builtin.scenarios.common import days_ago, me, my_email, plant
 from agentloop.apps.builtin.scenarios.contacts import contact_rows, full_name
-from agentloop.apps.evaluation import added, contains, same_items, updated
+from agentloop.apps.evaluation import Expect, added, contains, same_items, updated
 from agentloop.apps.tasks import OracleClient, Scenario, TaskInstance, pick
 from agentloop.apps.world import World
 
@@ -184,6 +184,20 @@ def mail_attachment_names(world: World, rng: random.Random) -> TaskInstance:
     )
 
 
+def replied(email: dict[str, Any], text: str) -> Expect:
+    """A reply to `email`, to its sender alone, saying `text`."""
+    return added(
+        "mail",
+        "emails",
+        folder="sent",
+        in_reply_to=email["id"],
+        to=[email["sender"]],
+        cc=[],
+        subject=f"Re: {email['subject']}",
+        body=contains(text),
+    )
+
+
 def mail_reply_to(world: World, rng: random.Random) -> TaskInstance:
     email = rng.choice(
         [e for e in from_people(world) if not e["cc"] and len(e["to"]) == 1 and subject_is_unique(world, e["subject"])]
@@ -198,18 +212,7 @@ def mail_reply_to(world: World, rng: random.Random) -> TaskInstance:
     return TaskInstance(
         f"Reply to {name}'s email '{subject}' with: '{text}'",
         oracle,
-        [
-            added(
-                "mail",
-                "emails",
-                folder="sent",
-                in_reply_to=email["id"],
-                to=[email["sender"]],
-                cc=[],
-                subject=f"Re: {subject}",
-                body=contains(text),
-            )
-        ],
+        [replied(email, text)],
     )
 
 
@@ -443,18 +446,7 @@ def mail_reply_latest_from(world: World, rng: random.Random) -> TaskInstance:
     return TaskInstance(
         f"Reply to the latest email in my inbox from {name} ({address}), saying: '{text}'",
         oracle,
-        [
-            added(
-                "mail",
-                "emails",
-                folder="sent",
-                in_reply_to=email["id"],
-                to=[address],
-                cc=[],
-                subject=f"Re: {email['subject']}",
-                body=contains(text),
-            )
-        ],
+        [replied(email, text)],
     )
 
 
