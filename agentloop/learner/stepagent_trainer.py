@@ -42,6 +42,7 @@ class Inspected:
     samples: list[list[int]]  # sampled token ids
     logprobs: list[list[float]]  # their log-probs when sampled
     rewards: list[float]  # stepagent.action_reward against a*_t
+    well_formed: list[bool]  # the sample parsed as exactly one tool call
 
     def row(self, tokens: Sequence[int], logprobs: Sequence[float] | None = None, reward: float = 1.0) -> Rollout:
         """The prefix and one action as a sequence the learner's functions take (agent mask on the action)."""
@@ -128,27 +129,31 @@ class StepAgentTrainer(Trainer):
         M = c.inspect_samples
         for k, step in enumerate(steps):
             group = gens[k * M : (k + 1) * M]
-            calls = [parse_action(g.text).actions for g in group]
+            turns = [parse_action(g.text) for g in group]
             out.append(
                 Inspected(
                     step,
                     [g.token_ids for g in group],
                     [list(g.logprobs or []) for g in group],
-                    [stepagent.action_reward(a[0] if a else None, step.call) for a in calls],
+                    [stepagent.action_reward(t.actions[0] if t.actions else None, step.call) for t in turns],
+                    [not t.error and len(t.actions) == 1 for t in turns],
                 )
             )
         return out
 
     # --- reflection, implicit reward
     def reflect_implicit(self, i: int, inspected: Sequence[Inspected]) -> dict[str, Any]:
-        """Step-level DPO: chosen a*_t, rejected each sampled a^_t that is not a*_t; reference = the adapter
-        disabled (its log-probs computed once, before any step); plus the SFT anchor on a*_t."""
+        """Step-level DPO: chosen a*_t, rejected each sampled a^_t that is a well-formed call other than a*_t;
+        reference = the adapter disabled (its log-probs computed once, before any step); plus the SFT anchor on
+        a*_t. A malformed sample is no rejected action: its tokens are mostly the expert's own syntax, and
+        pushing them down pulled a*_t down with them (the toy world's margin fell to -17 and agreement with
+        it); the anchor teaches the syntax."""
         c = self.config
         groups = [
             (
                 x,
                 [x.row(x.step.action_tokens)]
-                + [x.row(s) for s, r in zip(x.samples, x.rewards, strict=True) if r < 1.0],
+                + [x.row(s) for s, r, ok in zip(x.samples, x.rewards, x.well_formed, strict=True) if r < 1.0 and ok],
             )
             for x in inspected
         ]

@@ -38,6 +38,13 @@ PHRASES = [
     "Can you turn on the lights?",
     "It is dark, turn the lights on.",
     "Make the lights go on.",
+    # more dev phrasings: held-out measurements (agreement, the dev gate) move in steps of 1/8, not 1/2
+    "Could you switch on the lights for me?",
+    "Put the lights on.",
+    "The room is too dark: lights on.",
+    "Please turn on the lights.",
+    "I can't see anything, switch the lights on.",
+    "Lights, please: on.",
 ]
 
 

@@ -29,7 +29,7 @@ def _trainer(algo, lights_model_dir, **overrides):
         "dev_max_turns": 1,  # expert trajectories of one step: the call that turns the lights on
         "max_new_tokens": 40,
         "sft_batch_size": 2,  # prefixes per optimizer step
-        "agreement_prefixes": 2,  # the 2 dev tasks' first steps
+        "agreement_prefixes": 8,  # the 8 dev tasks' first steps
         "promote": False,
         "seed": 0,
     }
@@ -48,7 +48,11 @@ def _trainer(algo, lights_model_dir, **overrides):
 @pytest.mark.parametrize(
     ("algo", "overrides"),
     [
-        ("stepagent-implicit", {"stepagent_lr": 3e-3, "dpo_beta": 0.5, "dpo_anchor": 2.0, "epochs": 2}),
+        # DPO at 3e-3 collapsed on one seed of four (the samples stopped parsing); at 1e-3 for 6 cycles all four rose
+        (
+            "stepagent-implicit",
+            {"stepagent_lr": 1e-3, "dpo_beta": 0.5, "dpo_anchor": 2.0, "epochs": 2, "iterations": 6},
+        ),
         ("stepagent-irl", {"stepagent_lr": 3e-3, "irl_anchor": 2.0, "epochs": 2}),
     ],
 )
@@ -59,9 +63,10 @@ def test_agreement_rises_over_cycles(algo, overrides, sqlite_db, lights_world, l
     history = [trainer.iteration(i) for i in range(trainer.config.iterations)]
     curve = [before] + [m["agreement/dev"] for m in history]
     print(algo, "agreement per cycle:", curve, "step reward:", [round(m["step_reward/mean"], 3) for m in history])
-    assert before <= 50.0, curve  # the warm start mostly turns the lights off
-    assert curve[-1] >= before + 50.0, curve  # then agrees with the expert on one more dev task at least
-    assert max(curve[-2:]) == max(curve), curve  # and the best is at the end, not an early blip
+    assert before <= 25.0, curve  # the warm start mostly turns the lights off
+    # then agrees with the expert on two more of the 8 dev tasks at least, in both last cycles: a level
+    # reached and held, not a blip (seeds 0-3 of the implicit variant end 25-50 points above the start)
+    assert min(curve[-2:]) >= before + 25.0, curve
     if algo == "stepagent-implicit":
         assert history[0]["dpo/pairs"] > 0  # the warm start's samples differ from the expert's: pairs to learn from
     else:
