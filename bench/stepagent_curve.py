@@ -3,7 +3,7 @@ and LOOP+step, each from one shared supervised warm start and for the same train
 built-in world whose train tasks (and their oracle experts) are fresh `<scenario>@<seed>` instances.
 
     python bench/stepagent_curve.py [--quick] [--results DIR] [--arms sft,loop,...] [--start-only] [--merge]
-        [--rerun] [--budget-s S] [--warm-start-s S] [--dev-every N] [--model DIR] [--json] [--write-docs]
+        [--rerun] [--defer-eval] [--budget-s S] [--warm-start-s S] [--dev-every N] [--model DIR] [--json] [--write-docs]
 
 On a CPU that another job shares, OMP_NUM_THREADS=1 is several times faster than torch's default of one
 thread per core (measured here: decoding 4.5x, prefill 1.7x, with one other process busy on 2 cores).
@@ -13,6 +13,9 @@ Phases, each kept on disk under `--results DIR` so that a run can be split into 
     warm_start/        SFT for `--warm-start-s` training seconds from a fresh adapter: the adapter every arm
     warm_start.json    loads (reused when present) and its dev figures, which are every arm's start point
     <arm>.json         one arm, rewritten after every cycle: a run killed midway keeps what it measured
+    adapters/<arm>/    the arm's adapter when its budget is spent: what its end-of-arm dev evaluation measures.
+                       With --defer-eval an arm stops there (its file says trained, not finished) and the
+                       same command without the flag, in a later sitting, runs only that evaluation
 
 Arms (`--arms`, run in the order given): sft (SFT alone: more supervised cycles), stepagent-implicit,
 stepagent-irl, loop, loop+step. An arm whose file records a finished run with the same settings is
@@ -455,7 +458,25 @@ def train_arm(
             f"{arm} cycle {i}: {took:.1f} s, train {train_s:.0f}/{args.budget_s:g} s, agreement "
             f"{point['agreement']} %" + (f", dev TGC {point['dev_tgc']}" if "dev_tgc" in point else "")
         )
+    trainer.model.save_pretrained(arm_adapter(results, arm))  # what the end's dev evaluation measures
+    record.update(trained=True, train_s=round(train_s, 1), eval_s=round(eval_s + agreement_s, 1))
+    write_json(path, record)
+    if args.defer_eval:
+        release(trainer)
+        progress(f"{arm}: trained, adapter saved to {arm_adapter(results, arm)}; its dev evaluation is deferred")
+        return record
+    return evaluate_arm(arm, record, trainer, results)
+
+
+def arm_adapter(results: Path, arm: str) -> Path:
+    return results / "adapters" / arm
+
+
+def evaluate_arm(arm: str, record: dict[str, Any], trainer: Trainer, results: Path) -> dict[str, Any]:
+    """The end of an arm: dev evaluation of the trained weights (unless its last cycle measured it), then the
+    file marked finished."""
     last = record["points"][-1]
+    eval_s = float(record.get("eval_s", 0.0))
     if "dev_tgc" not in last or last["cycle"] is None:  # the end: measured unless the last cycle was
         progress(f"{arm}: budget spent, dev evaluation at the end")
         final = measure_dev(trainer, agreement=last.get("agreement") is None)
@@ -466,15 +487,24 @@ def train_arm(
     release(trainer)
     record.update(
         finished=True,
-        train_s=round(train_s, 1),
-        eval_s=round(eval_s + agreement_s, 1),
+        eval_s=round(eval_s, 1),
         cycles=len(record["points"]) - 1,
         load_avg_1min_end=round(os.getloadavg()[0], 2),
         final={k: last.get(k) for k in ("dev_tgc", "dev_sgc", "agreement", "behaviour")},
     )
-    write_json(path, record)
+    write_json(arm_path(results, arm), record)
     progress(f"{arm}: done, final dev TGC {last['dev_tgc']}, agreement {last.get('agreement')} %")
     return record
+
+
+def evaluate_deferred(
+    arm: str, args: argparse.Namespace, record: dict[str, Any], results: Path, model_dir: Path
+) -> dict[str, Any]:
+    """A sitting of its own for the end of an arm trained with --defer-eval: its saved adapter, measured."""
+    home = use_home(results / "homes" / arm, model_dir)
+    config = make_config(arm, args)  # the arm's (its file's settings are these)
+    trainer = load_trainer(home, config, model_dir, arm_adapter(results, arm), f"{arm} (end)")
+    return evaluate_arm(arm, record, trainer, results)
 
 
 # --- merging ---------------------------------------------------------------------------------------------
@@ -486,8 +516,10 @@ def load_arms(results: Path) -> dict[str, dict[str, Any]]:
 
 
 def final(run: dict[str, Any], key: str) -> Any:
-    """The arm's last measured value of `key` (a run killed midway: its last cycle that has it)."""
-    return next((p[key] for p in reversed(run["points"]) if p.get(key) is not None), None)
+    """The arm's last measured value of `key` after its start (a run killed midway, or one whose evaluation is
+    deferred: its last cycle that has it; None when none has: the warm start's figure is not the arm's)."""
+    points = run["points"][1:] or (run["points"] if run["finished"] else [])  # a budget of 0: the end is the start
+    return next((p[key] for p in reversed(points) if p.get(key) is not None), None)
 
 
 def mean(values: list[float]) -> float | None:
@@ -564,7 +596,9 @@ def summary_table(arms: dict[str, dict[str, Any]], base: dict[str, Any] | None, 
         )
     for arm, run in arms.items():
         s = arm_summary(run)
-        state = "" if run["finished"] else " (unfinished)"
+        state = (
+            "" if run["finished"] else " (trained; dev evaluation deferred)" if run.get("trained") else " (unfinished)"
+        )
         agreement = f"{fmt(s['start_agreement'])} → {fmt(s['final_agreement'])} ({fmt(s['best_agreement'])})"
         rows.append(
             f"| {LABELS[arm]}{state} | {s['cycles']} | {s['train_s']:.0f} | {agreement} | {fmt(s['final_dev_tgc'])} "
@@ -778,6 +812,12 @@ def parse_args() -> argparse.Namespace:
         "--skip-base", action="store_true", help="leave the base model's figures to another sitting (base.json)"
     )
     ap.add_argument("--rerun", action="store_true", help="run the arms again even where DIR has them finished")
+    ap.add_argument(
+        "--defer-eval",
+        action="store_true",
+        help="train the arms and save their adapters; their end-of-arm dev evaluation runs in a later sitting "
+        "(the same command without this flag)",
+    )
     ap.add_argument("--budget-s", type=float, default=None, help="training seconds per arm (default 2400)")
     ap.add_argument("--max-cycles", type=int, default=None, help="cycle cap per arm")
     ap.add_argument("--warm-start-s", type=float, default=None, help="training seconds of the shared SFT warm start")
@@ -841,6 +881,14 @@ def main() -> None:
             done = read_json(arm_path(results, arm))
             if done is not None and done["finished"] and done["settings"] == settings and not args.rerun:
                 progress(f"{arm}: finished in {arm_path(results, arm)} with these settings; skipped (--rerun)")
+                continue
+            trained = done is not None and done.get("trained") and done["settings"] == settings
+            if trained and (arm_adapter(results, arm) / "adapter_config.json").exists() and not args.rerun:
+                if args.defer_eval:
+                    progress(f"{arm}: trained, its dev evaluation still deferred; skipped")
+                else:
+                    progress(f"{arm}: trained in an earlier sitting; the dev evaluation at its end")
+                    evaluate_deferred(arm, args, done, results, model_dir)
                 continue
             progress(f"{arm}: training from the warm start")
             train_arm(arm, args, results, model_dir, settings, start)

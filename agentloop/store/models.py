@@ -11,7 +11,45 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.types import TypeDecorator
 
-JSONType = sa.JSON().with_variant(JSONB(), "postgresql")
+NUL, NUL_STAND_IN = "\x00", "\ufffd"  # PostgreSQL's text and jsonb refuse NUL; a model may still write it
+
+
+def without_nul(value: Any) -> Any:
+    """`value` with every NUL in its strings (JSON keys too) replaced by U+FFFD: what a model writes is stored,
+    whatever bytes it holds, instead of failing its episode (the exact tokens are kept as ids anyway)."""
+    if isinstance(value, str):
+        return value.replace(NUL, NUL_STAND_IN) if NUL in value else value
+    if isinstance(value, dict):
+        return {without_nul(k): without_nul(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [without_nul(v) for v in value]
+    return value
+
+
+class Text(TypeDecorator[str]):
+    """Text that every backend stores: NUL becomes U+FFFD."""
+
+    impl = sa.Text
+    cache_ok = True
+
+    def process_bind_param(self, value: str | None, dialect: sa.Dialect) -> str | None:
+        return without_nul(value)
+
+
+class JSONValue(TypeDecorator[Any]):
+    """JSON (jsonb on PostgreSQL) whose strings hold no NUL."""
+
+    impl = sa.JSON
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: sa.Dialect) -> sa.types.TypeEngine[Any]:
+        return dialect.type_descriptor(JSONB() if dialect.name == "postgresql" else sa.JSON())
+
+    def process_bind_param(self, value: Any, dialect: sa.Dialect) -> Any:
+        return without_nul(value)
+
+
+JSONType = JSONValue()
 
 
 def utcnow() -> datetime:
@@ -105,7 +143,7 @@ class App(Base):
     id: Mapped[str] = mapped_column(sa.String(36), primary_key=True, default=new_id)
     tenant_id: Mapped[str] = mapped_column(sa.ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
     name: Mapped[str] = mapped_column(sa.String(64))
-    description: Mapped[str] = mapped_column(sa.Text, default="")
+    description: Mapped[str] = mapped_column(Text, default="")
     kind: Mapped[str] = mapped_column(sa.String(16), default="openapi")
     spec: Mapped[dict[str, Any]] = mapped_column(deferred=True)  # the document as registered
     # the operations with their $refs resolved, stored at registration so requests never parse `spec`
@@ -113,7 +151,7 @@ class App(Base):
     operations: Mapped[dict[str, Any] | None] = mapped_column(deferred=True)
     operation_ids: Mapped[list[Any] | None]  # all of them, agentloop_* included: what a listing shows
     base_url: Mapped[str] = mapped_column(sa.String(2048))
-    auth_header_encrypted: Mapped[str | None] = mapped_column(sa.Text)
+    auth_header_encrypted: Mapped[str | None] = mapped_column(Text)
     allow_private: Mapped[bool] = mapped_column(default=False)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
@@ -130,7 +168,7 @@ class Task(Base):
     status: Mapped[str] = mapped_column(sa.String(16), default=TaskStatus.QUEUED)
     world: Mapped[str] = mapped_column(sa.String(64))
     task_ref: Mapped[str | None] = mapped_column(sa.String(200))
-    instruction: Mapped[str] = mapped_column(sa.Text)
+    instruction: Mapped[str] = mapped_column(Text)
     apps: Mapped[list[Any]]
     options: Mapped[dict[str, Any]]  # seed, max_turns, temperature, metadata
     idempotency_key: Mapped[str | None] = mapped_column(sa.String(200))
@@ -140,8 +178,8 @@ class Task(Base):
     lease_expires_at: Mapped[datetime | None]
     dispatched_at: Mapped[datetime | None]
     cancel_requested: Mapped[bool] = mapped_column(default=False)
-    error: Mapped[str | None] = mapped_column(sa.Text)
-    answer: Mapped[str | None] = mapped_column(sa.Text)
+    error: Mapped[str | None] = mapped_column(Text)
+    answer: Mapped[str | None] = mapped_column(Text)
     reward: Mapped[float | None]
     success: Mapped[bool | None]
     adapter: Mapped[str | None] = mapped_column(sa.String(200))
@@ -166,7 +204,7 @@ class TrainingRun(Base):
     attempts: Mapped[int] = mapped_column(default=0, server_default="0")
     # the learner stops at its next safe point and records the run as cancelled; never claimed again
     cancel_requested: Mapped[bool] = mapped_column(default=False, server_default=sa.false())
-    error: Mapped[str | None] = mapped_column(sa.Text)  # why it failed, was cancelled or was re-queued
+    error: Mapped[str | None] = mapped_column(Text)  # why it failed, was cancelled or was re-queued
     adapter: Mapped[str | None] = mapped_column(sa.String(200))
     lease_owner: Mapped[str | None] = mapped_column(sa.String(200))
     lease_expires_at: Mapped[datetime | None]
@@ -190,7 +228,7 @@ class EvalRun(Base):
     config: Mapped[dict[str, Any]] = mapped_column(default=dict)  # limits, temperature, task count
     status: Mapped[str] = mapped_column(sa.String(16), default="running")  # running | finished | failed
     metrics: Mapped[dict[str, Any]] = mapped_column(default=dict)
-    error: Mapped[str | None] = mapped_column(sa.Text)
+    error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     finished_at: Mapped[datetime | None]
 
@@ -215,16 +253,16 @@ class Episode(Base):
     world: Mapped[str] = mapped_column(sa.String(64))
     task_ref: Mapped[str | None] = mapped_column(sa.String(200))
     seed: Mapped[int] = mapped_column(default=0)
-    instruction: Mapped[str] = mapped_column(sa.Text)
+    instruction: Mapped[str] = mapped_column(Text)
     policy: Mapped[str] = mapped_column(sa.String(200))
     adapter: Mapped[str | None] = mapped_column(sa.String(200))
     status: Mapped[str] = mapped_column(sa.String(16), default="running")  # running|finished|abandoned|failed
     finish_reason: Mapped[str | None] = mapped_column(sa.String(32))
     prompt_token_ids: Mapped[list[Any]]
-    answer: Mapped[str | None] = mapped_column(sa.Text)
+    answer: Mapped[str | None] = mapped_column(Text)
     num_steps: Mapped[int] = mapped_column(default=0)
     tokens_generated: Mapped[int] = mapped_column(default=0)
-    error: Mapped[str | None] = mapped_column(sa.Text)
+    error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     finished_at: Mapped[datetime | None]
 
@@ -244,10 +282,10 @@ class Step(Base):
     prompt_token_count: Mapped[int]  # context length the turn was sampled from
     output_token_ids: Mapped[list[Any]]
     output_logprobs: Mapped[list[Any]]
-    output_text: Mapped[str] = mapped_column(sa.Text)
+    output_text: Mapped[str] = mapped_column(Text)
     finish_reason: Mapped[str] = mapped_column(sa.String(16))  # stop | length
     action: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
-    observation: Mapped[str] = mapped_column(sa.Text)
+    observation: Mapped[str] = mapped_column(Text)
     observation_token_ids: Mapped[list[Any]]  # appended to the context after the output
     error_kind: Mapped[str | None] = mapped_column(sa.String(32))
     gen_s: Mapped[float]
@@ -266,7 +304,7 @@ class Reward(Base):
     value: Mapped[float]
     success: Mapped[bool | None]
     details: Mapped[dict[str, Any]] = mapped_column(default=dict)
-    comment: Mapped[str | None] = mapped_column(sa.Text)
+    comment: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
@@ -281,7 +319,7 @@ class Demonstration(Base):
     tenant_id: Mapped[str | None] = mapped_column(sa.ForeignKey("tenants.id", ondelete="CASCADE"))
     world: Mapped[str] = mapped_column(sa.String(64))
     task_ref: Mapped[str | None] = mapped_column(sa.String(200))
-    instruction: Mapped[str] = mapped_column(sa.Text)
+    instruction: Mapped[str] = mapped_column(Text)
     apps: Mapped[list[Any]]
     seed: Mapped[int] = mapped_column(default=0, server_default="0")  # of a free instruction's world
     steps: Mapped[list[Any]]  # [{"app", "api", "args", "observation"}]

@@ -168,6 +168,39 @@ def test_steps_keep_exact_token_ids_and_logprobs(db_url):
         assert episode.created_at.tzinfo is not None
 
 
+def test_a_step_whose_text_holds_nul_is_stored(db_url):
+    """A model can write any byte, NUL too, which PostgreSQL's text and jsonb refuse: the episode must not
+    fail on it. NUL is stored as U+FFFD (the token ids are exact anyway)."""
+    task_id = new_task()
+    turn = Turn(
+        index=0,
+        prompt_token_count=5,
+        output_token_ids=[10, 0, 2],
+        output_logprobs=[-1.0, -2.0, -3.0],
+        output_text="rpm\x00 super",
+        finish_reason="length",
+        action={"app": "a", "api": "b", "args": {"k\x00": ["v\x00", 1]}},
+        observation="Error: no tool call in 'rpm\x00 super'",
+        observation_token_ids=[7, 8],
+        error_kind="parse_error",
+        n_actions=0,
+        gen_s=0.5,
+        env_s=0.1,
+    )
+    with session_scope() as s:
+        ep = Episode(task_id=task_id, world="builtin", instruction="x", policy="p", prompt_token_ids=[1, 2, 3, 4, 5])
+        s.add(ep)
+        s.flush()
+        episode_store.add_step(s, ep.id, turn)
+        ep_id = ep.id
+    with get_sessionmaker()() as s:
+        (step,) = episode_store.steps_of(s, ep_id)
+        assert step.output_text == "rpm\ufffd super"
+        assert step.observation == "Error: no tool call in 'rpm\ufffd super'"
+        assert step.action == {"app": "a", "api": "b", "args": {"k\ufffd": ["v\ufffd", 1]}}
+        assert step.output_token_ids == [10, 0, 2]
+
+
 def test_finish_task_only_while_holding_the_lease(db_url):
     task_id = new_task()
     with session_scope() as s:
