@@ -134,14 +134,13 @@ def test_sweep_republishes_queued_tasks_whose_message_was_lost(db_url):
         assert s.get(Task, fresh).dispatched_at is None
 
 
-def test_steps_keep_exact_token_ids_and_logprobs(db_url):
-    task_id = new_task()
-    logprobs = [-0.123456789012345, -1e-9, -17.25]
-    turn = Turn(
+def turn(**fields) -> Turn:
+    """One agent turn as the episode loop hands it to the store; `fields` override the defaults."""
+    defaults = dict(
         index=0,
         prompt_token_count=5,
         output_token_ids=[10, 20, 2],
-        output_logprobs=logprobs,
+        output_logprobs=[-1.0, -2.0, -3.0],
         output_text="hi",
         finish_reason="stop",
         action={"app": "a", "api": "b", "args": {"k": [1]}},
@@ -152,12 +151,23 @@ def test_steps_keep_exact_token_ids_and_logprobs(db_url):
         gen_s=0.5,
         env_s=0.1,
     )
+    return Turn(**{**defaults, **fields})
+
+
+def stored_episode(step: Turn) -> str:
+    """A new episode holding `step`, committed; its id."""
+    task_id = new_task()
     with session_scope() as s:
         ep = Episode(task_id=task_id, world="builtin", instruction="x", policy="p", prompt_token_ids=[1, 2, 3, 4, 5])
         s.add(ep)
         s.flush()
-        episode_store.add_step(s, ep.id, turn)
-        ep_id = ep.id
+        episode_store.add_step(s, ep.id, step)
+        return ep.id
+
+
+def test_steps_keep_exact_token_ids_and_logprobs(db_url):
+    logprobs = [-0.123456789012345, -1e-9, -17.25]
+    ep_id = stored_episode(turn(output_logprobs=logprobs))
     with get_sessionmaker()() as s:
         (step,) = episode_store.steps_of(s, ep_id)
         assert step.output_token_ids == [10, 20, 2]
@@ -171,28 +181,17 @@ def test_steps_keep_exact_token_ids_and_logprobs(db_url):
 def test_a_step_whose_text_holds_nul_is_stored(db_url):
     """A model can write any byte, NUL too, which PostgreSQL's text and jsonb refuse: the episode must not
     fail on it. NUL is stored as U+FFFD (the token ids are exact anyway)."""
-    task_id = new_task()
-    turn = Turn(
-        index=0,
-        prompt_token_count=5,
-        output_token_ids=[10, 0, 2],
-        output_logprobs=[-1.0, -2.0, -3.0],
-        output_text="rpm\x00 super",
-        finish_reason="length",
-        action={"app": "a", "api": "b", "args": {"k\x00": ["v\x00", 1]}},
-        observation="Error: no tool call in 'rpm\x00 super'",
-        observation_token_ids=[7, 8],
-        error_kind="parse_error",
-        n_actions=0,
-        gen_s=0.5,
-        env_s=0.1,
+    ep_id = stored_episode(
+        turn(
+            output_token_ids=[10, 0, 2],
+            output_text="rpm\x00 super",
+            finish_reason="length",
+            action={"app": "a", "api": "b", "args": {"k\x00": ["v\x00", 1]}},
+            observation="Error: no tool call in 'rpm\x00 super'",
+            error_kind="parse_error",
+            n_actions=0,
+        )
     )
-    with session_scope() as s:
-        ep = Episode(task_id=task_id, world="builtin", instruction="x", policy="p", prompt_token_ids=[1, 2, 3, 4, 5])
-        s.add(ep)
-        s.flush()
-        episode_store.add_step(s, ep.id, turn)
-        ep_id = ep.id
     with get_sessionmaker()() as s:
         (step,) = episode_store.steps_of(s, ep_id)
         assert step.output_text == "rpm\ufffd super"
