@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Literal
+from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 Algo = Literal["sft", "stepagent-implicit", "stepagent-irl", "loop", "loop+step", "grpo", "reinforce"]
 ALGOS = ("sft", "stepagent-implicit", "stepagent-irl", "loop", "loop+step", "grpo", "reinforce")
@@ -98,6 +98,13 @@ class LoopConfig:
     inspect_temperature: float = field(default=1.0, metadata={"help": "stepagent: temperature of those samples"})
     dpo_beta: float = field(default=0.1, metadata={"help": "stepagent-implicit: beta of the step-level DPO"})
     dpo_anchor: float = field(default=1.0, metadata={"help": "stepagent-implicit: weight of the SFT anchor"})
+    dpo_reference: Literal["base", "cycle"] = field(
+        default="base",
+        metadata={
+            "help": "stepagent-implicit: DPO's reference, the adapter disabled (base) or the weights that sampled"
+            " the cycle's actions (cycle)"
+        },
+    )
     irl_anchor: float = field(default=1.0, metadata={"help": "stepagent-irl: weight of the SFT anchor on a*_t"})
     disc_lr: float = field(default=1e-3, metadata={"help": "stepagent-irl: the discriminator's learning rate"})
     disc_steps: int = field(default=50, metadata={"help": "stepagent-irl: discriminator steps per iteration"})
@@ -134,7 +141,11 @@ class LoopConfig:
         self.lora_targets = tuple(self.lora_targets)
         self.expert_sources = tuple(self.expert_sources)
         self.phases = tuple(self.phases)
-        problems = []
+        problems = [
+            f"{name} must be one of {', '.join(map(repr, choices))} (got {getattr(self, name)!r})"
+            for name, choices in CHOICES.items()
+            if getattr(self, name) not in choices
+        ]
         for phase in self.phases:
             algo, _, n = phase.partition(":")
             if algo not in ALGOS or not n.isdigit() or int(n) < 1:
@@ -146,8 +157,6 @@ class LoopConfig:
             problems.append(f"unknown expert source(s) {', '.join(unknown_sources)}: oracle, demonstrations, logged")
         if self.min_rollouts_per_task is None:
             self.min_rollouts_per_task = min(4, self.rollouts_per_task)
-        if self.algo not in ALGOS:
-            problems.append(f"algo must be one of {', '.join(ALGOS)}")
         if self.rollouts_per_task < 2 and self.algo in RL_ALGOS and self.algo != "reinforce":
             problems.append("rollouts_per_task must be >= 2: the leave-one-out baseline needs other rollouts")
         if self.min_rollouts_per_task > self.rollouts_per_task:
@@ -232,3 +241,9 @@ class LoopConfig:
         data["expert_sources"] = list(self.expert_sources)
         data["phases"] = list(self.phases)
         return data
+
+
+# the fields whose values are a fixed set of words, and those words (checked on construction)
+CHOICES: dict[str, tuple[Any, ...]] = {
+    name: get_args(hint) for name, hint in get_type_hints(LoopConfig).items() if get_origin(hint) is Literal
+}

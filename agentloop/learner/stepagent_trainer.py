@@ -4,7 +4,8 @@
         draw expert trajectories (experts.py) and play them through the episode loop: exact tokens
         pick `inspect_prefixes` of their steps h_t = (u, a*_1, o_1, ..., o_{t-1}) at random
         inspection: sample M actions at each prefix, all prefixes in batches; compare each with a*_t
-        reflection, implicit: step-level DPO on (a*_t, a^_t != a*_t) against the adapter disabled, + anchor
+        reflection, implicit: step-level DPO on (a*_t, a^_t != a*_t) against the adapter disabled (or the
+            cycle's sampler), + anchor
         reflection, inverse RL: train D on expert vs agent actions; r = D(h, a^); leave-one-out over the M
             samples of a prefix; LOOP's clipped loss on the sampled actions + the SFT anchor on a*_t
     then the shared phases (trainer.py): save the candidate, gate it on dev, measure agreement, checkpoint.
@@ -15,6 +16,7 @@ prefix goes through the decoder once per group (loop.shared_opening).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -144,10 +146,10 @@ class StepAgentTrainer(Trainer):
     # --- reflection, implicit reward
     def reflect_implicit(self, i: int, inspected: Sequence[Inspected]) -> dict[str, Any]:
         """Step-level DPO: chosen a*_t, rejected each sampled a^_t that is a well-formed call other than a*_t;
-        reference = the adapter disabled (its log-probs computed once, before any step); plus the SFT anchor on
-        a*_t. A malformed sample is no rejected action: its tokens are mostly the expert's own syntax, and
-        pushing them down pulled a*_t down with them (the toy world's margin fell to -17 and agreement with
-        it); the anchor teaches the syntax."""
+        reference = the adapter disabled, or with `dpo_reference: cycle` the weights that sampled this cycle (its
+        log-probs computed once, before any step); plus the SFT anchor on a*_t. A malformed sample is no
+        rejected action: its tokens are mostly the expert's own syntax, and pushing them down pulled a*_t down
+        with them (the toy world's margin fell to -17 and agreement with it); the anchor teaches the syntax."""
         c = self.config
         groups = [
             (
@@ -157,39 +159,51 @@ class StepAgentTrainer(Trainer):
             )
             for x in inspected
         ]
-        groups = [(x, rows) for x, rows in groups if len(rows) > 1]  # every sample was the expert's: no pair
+        # a prefix without a pair (its samples were a*_t or malformed) still has the anchor to learn from
+        groups = [(x, rows) for x, rows in groups if len(rows) > 1 or c.dpo_anchor > 0]
         if not groups:
             return {"dpo/pairs": 0.0}
         device = self.accelerator.device
-        with torch.no_grad(), self.model.disable_adapter():
-            refs = [self._summed_logprobs(rows, device) for _, rows in groups]
+        # the reference's log-probs, once, before any step: the adapter disabled (the base model), or the weights
+        # as they are now, which sampled the rejected actions (`dpo_reference: cycle`, refreshed every cycle)
+        reference = self.model.disable_adapter() if c.dpo_reference == "base" else contextlib.nullcontext()
+        with torch.no_grad(), reference:
+            refs = [self._summed_logprobs(rows, device) if len(rows) > 1 else None for _, rows in groups]
 
-        def loss_of(g: int) -> tuple[torch.Tensor, stepagent.DpoStats]:
-            rows = groups[g][1]
+        def loss_of(g: int) -> tuple[torch.Tensor, stepagent.DpoStats | None]:
+            x, rows = groups[g]
             logp = self._summed_logprobs(rows, device)
-            ref = refs[g]
-            n = len(rows) - 1
+            ref, n, tokens = refs[g], len(rows) - 1, float(len(x.step.action_tokens))
+            if ref is None:  # no pair: the anchor's term alone, -alpha * log pi(a*) / |a*|
+                return c.dpo_anchor * -logp[0] / tokens, None
             return stepagent.step_dpo_loss(
                 logp[0].expand(n),
                 logp[1:],
                 ref[0].expand(n),
                 ref[1:],
-                torch.full((n,), float(len(groups[g][0].step.action_tokens)), device=device),
+                torch.full((n,), tokens, device=device),
                 c.dpo_beta,
                 c.dpo_anchor,
             )
 
-        stats = self._reflect(i, len(groups), loss_of)
-        mean = lambda name: sum(getattr(s, name) for s in stats) / len(stats)  # noqa: E731
-        return {
+        stats = [s for s in self._reflect(i, len(groups), loss_of) if s is not None]
+        metrics = {
             "dpo/pairs": float(sum(len(rows) - 1 for _, rows in groups)),
-            "loss/dpo_total": mean("loss"),
-            "loss/dpo": mean("dpo"),
-            "loss/anchor": mean("anchor"),
-            "dpo/margin": mean("margin"),
-            "dpo/accuracy": mean("accuracy"),
+            "dpo/anchor_only": float(sum(len(rows) == 1 for _, rows in groups)),  # prefixes without a pair
             "updated": 1.0,
         }
+        if stats:
+            mean = lambda name: sum(getattr(s, name) for s in stats) / len(stats)  # noqa: E731
+            metrics.update(
+                {
+                    "loss/dpo_total": mean("loss"),
+                    "loss/dpo": mean("dpo"),
+                    "loss/anchor": mean("anchor"),
+                    "dpo/margin": mean("margin"),
+                    "dpo/accuracy": mean("accuracy"),
+                }
+            )
+        return metrics
 
     def _reflect(self, i: int, n_groups: int, loss_of: Callable[[int], tuple[torch.Tensor, T]]) -> list[T]:
         """`epochs` passes over the prefixes' groups in a random order, `sft_batch_size` groups per optimizer

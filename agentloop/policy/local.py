@@ -47,11 +47,21 @@ def common_length(a: Sequence[int], b: Sequence[int], limit: int) -> int:
     return max(n, 0)
 
 
+def repeat_rows(cache: Any, index: torch.Tensor) -> Any:
+    """A batch cache whose row b is row index[b] of `cache`."""
+    from transformers import DynamicCache
+
+    return DynamicCache(
+        ddp_cache_data=[(lay.keys.index_select(0, index), lay.values.index_select(0, index)) for lay in cache.layers]
+    )
+
+
 class LocalPolicy:
     """A transformers model in this process; adapters are PEFT LoRA directories loaded by name.
 
     Keys/values of each episode's context are kept between its turns (by request key), so a turn
-    only runs the model over the tokens added since the last one, as prefix-caching servers do."""
+    only runs the model over the tokens added since the last one, as prefix-caching servers do; the
+    opening new episodes share is run once, and so is a context several rows of one batch repeat."""
 
     def __init__(
         self,
@@ -178,9 +188,15 @@ class LocalPolicy:
         B = len(reqs)
         if min(len(r.context) for r in reqs) == 0:
             raise ValueError("cannot generate from an empty context")
+        # rows with the same context (M samples at one prefix, the first turns of K rollouts of a task) are
+        # prefilled once: each takes the cache layout of the first row with its context
+        first: dict[tuple[int, ...], int] = {}
+        owner = [first.setdefault(tuple(r.context), b) for b, r in enumerate(reqs)]
+        distinct = sorted(first.values())
         reuse = [self._reusable(r, adapter) for r in reqs]
-        if self._prime_shared([r for r, (n, _) in zip(reqs, reuse, strict=True) if n == 0], adapter):
+        if self._prime_shared([reqs[b] for b in distinct if reuse[b][0] == 0], adapter):
             reuse = [self._reusable(r, adapter) for r in reqs]
+        reuse = [reuse[o] for o in owner]
         cached = [n for n, _ in reuse]
         P = max(cached)
         fresh = [list(r.context[n:]) for r, (n, _) in zip(reqs, reuse, strict=True)]
@@ -197,9 +213,12 @@ class LocalPolicy:
             mask[b, P + N - len(new) :] = 1
             positions[b, N - len(new) :] = torch.arange(n_cached, n_cached + len(new))
         ids, mask, positions = ids.to(device), mask.to(device), positions.to(device)
-        past = self._stack_prefixes(reuse, P) if P else None
-
-        logits, cache = self._prefill(ids, mask, positions, past)
+        rows = torch.tensor(distinct, device=device)
+        past = self._stack_prefixes([reuse[b] for b in distinct], P) if P else None
+        logits, cache = self._prefill(ids[rows], mask[rows], positions[rows], past)
+        if len(distinct) < B:
+            back = torch.tensor([distinct.index(o) for o in owner], device=device)
+            logits, cache = logits[back], repeat_rows(cache, back)
         next_pos = torch.tensor([[len(r.context)] for r in reqs], device=device)  # (B, 1)
 
         tokens = torch.empty((B, max(r.max_new_tokens for r in reqs)), dtype=torch.long, device=device)

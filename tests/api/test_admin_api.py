@@ -77,6 +77,8 @@ def test_bad_training_requests_write_nothing(sqlite_db):
         {"config": {"lr": -1}},
         {"config": {"no_such_option": 1}},
         {"config": {"rollouts_per_task": 1}},  # leave-one-out needs two
+        {"config": {"ratio_level": "sentence"}},  # one of a fixed set of words
+        {"config": {"dpo_reference": "yesterday"}},
         {"unknown_field": 1},
         {"recipe": "fastest"},
     ]:

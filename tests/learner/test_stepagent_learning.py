@@ -85,3 +85,30 @@ def test_each_variant_changes_the_adapter_and_only_it(sqlite_db, lights_world, l
         changed = {n for n, p in named.items() if not torch.equal(p, before[n])}
         assert changed, (algo, metrics)
         assert all("lora_" in n for n in changed), (algo, sorted(changed)[:5])  # the base stays frozen
+
+
+@pytest.mark.parametrize("reference", ["base", "cycle"])
+def test_the_dpo_reference_is_the_base_model_or_the_cycles_sampler(
+    reference, sqlite_db, lights_world, lights_model_dir, configure_env
+):
+    """After a supervised step the adapter prefers the expert's actions: measured against the adapter disabled
+    the first DPO pass already shows a margin; against the weights that sampled the cycle it starts at 0 (one
+    optimizer step over all pairs: every margin is taken before the weights move)."""
+    configure_env(MODEL=str(lights_model_dir), MAX_BATCH_SIZE=48)
+    trainer = _trainer(
+        "stepagent-implicit",
+        lights_model_dir,
+        phases=("sft:1", "stepagent-implicit:1"),
+        sft_steps=2,
+        sft_lr=1e-2,
+        epochs=1,
+        sft_batch_size=6,  # all inspected prefixes in one optimizer step
+        dpo_reference=reference,
+    )
+    trainer.iteration(0)
+    metrics = trainer.iteration(1)
+    assert metrics["dpo/pairs"] > 0, metrics
+    if reference == "cycle":
+        assert metrics["dpo/margin"] == pytest.approx(0.0, abs=1e-3), metrics
+    else:
+        assert metrics["dpo/margin"] > 0.1, metrics

@@ -169,6 +169,24 @@ def test_a_batch_of_new_episodes_computes_its_common_opening_once(tiny_model_dir
         assert x.logprobs == pytest.approx(naive_logprobs(cached.model, req.context, x.token_ids), abs=1e-4)
 
 
+def test_rows_with_the_same_context_are_prefilled_once_and_sampled_apart(tiny_model_dir):
+    """M samples at one expert prefix (or the first turns of K rollouts of a task): the model runs over the
+    context once, and each row still draws its own tokens, with teacher-forced log-probs."""
+    policy = tiny_policy(tiny_model_dir, seed=5, max_cached_episodes=0)
+    tok = policy.tokenizer
+    prefix = tok.encode("The expert's prefix: an instruction, calls and observations.", add_special_tokens=False)
+    other = tok.encode("Another prefix.", add_special_tokens=False)
+    reqs = [GenerationRequest(prefix, 8, temperature=1.0)] * 4 + [GenerationRequest(other, 8, temperature=1.0)]
+    shapes, forward = [], policy.model.forward
+    policy.model.forward = lambda *a, **k: shapes.append(tuple(k["input_ids"].shape)) or forward(*a, **k)
+    gens = policy.generate(reqs)
+    assert shapes[0] == (2, len(prefix))  # the prefill: one row per distinct context
+    assert {rows for rows, _ in shapes[1:]} == {5}  # decoding: every row
+    assert len({tuple(g.token_ids) for g in gens[:4]}) > 1  # the four samples at one prefix differ
+    for gen, req in zip(gens, reqs, strict=True):
+        assert gen.logprobs == pytest.approx(naive_logprobs(policy.model, req.context, gen.token_ids), abs=1e-4)
+
+
 def test_a_long_batch_is_prefilled_a_few_rows_at_a_time_with_the_same_results(tiny_model_dir, monkeypatch):
     """Rows sharing an opening (a cached prefix), prefilled one row per forward: the batch
     samples the same greedy tokens with the same log-probs as prefilled whole."""
