@@ -18,8 +18,9 @@ Phases, each kept on disk under `--results DIR` so that a run can be split into 
                        same command without the flag, in a later sitting, runs only that evaluation
 
 Arms (`--arms`, run in the order given): sft (SFT alone: more supervised cycles), stepagent-implicit,
-stepagent-irl, loop, loop+step. An arm whose file records a finished run with the same settings is
-skipped (`--rerun` runs it again). `--start-only` makes base.json and the warm start, no arm; `--merge`
+stepagent-irl, loop, loop+step. An arm whose file records a finished run with the same settings (the
+model, the presets, the seed and SFT lr, and that arm's own options: another arm's lr or beta does not
+count) is skipped (`--rerun` runs it again). `--start-only` makes base.json and the warm start, no arm; `--merge`
 trains nothing; every run ends by building the table and the PNG from every arm file in DIR.
 
 Budget: an arm's "train seconds" are the wall time of `Trainer.iteration` (one cycle: drawing experts or
@@ -106,7 +107,24 @@ PRESETS: dict[str, tuple[Any, Any]] = {
     "micro_tokens": (8192, 8192),
 }
 # LoopConfig fields a flag sets for every arm (None: the algorithm's preset or the field's default)
-OPTIONS = ("sft_lr", "stepagent_lr", "lr", "dpo_beta", "dpo_anchor", "irl_anchor", "step_omega", "seed")
+OPTIONS = (
+    "sft_lr",
+    "stepagent_lr",
+    "lr",
+    "dpo_beta",
+    "dpo_anchor",
+    "dpo_reference",
+    "irl_anchor",
+    "step_omega",
+    "seed",
+)
+# the options that shape one arm only: its file is comparable with another run's whatever the others say
+ARM_OPTIONS = {
+    "stepagent-implicit": ("stepagent_lr", "dpo_beta", "dpo_anchor", "dpo_reference"),
+    "stepagent-irl": ("stepagent_lr", "irl_anchor"),
+    "loop": ("lr",),
+    "loop+step": ("lr", "step_omega"),
+}
 CONFIG_FIELDS = (
     "dev_limit",
     "dev_max_turns",
@@ -174,6 +192,13 @@ def bench_settings(args: argparse.Namespace, model: str) -> dict[str, Any]:
     """What makes two arm files comparable: the model, the presets (after `--quick`) and the options."""
     keys = [k for k in PRESETS if k != "dev_every"]  # when dev is measured does not change what is trained
     return {"model": model, **{k: getattr(args, k) for k in [*keys, *OPTIONS]}}
+
+
+def arm_settings(settings: dict[str, Any], arm: str) -> dict[str, Any]:
+    """What must match for an arm's file to be this run's: the model, the presets, the options every arm shares
+    (the seed; the SFT lr, which trained the warm start and SFT alone) and the arm's own."""
+    others = {k for a, keys in ARM_OPTIONS.items() if a != arm for k in keys} - set(ARM_OPTIONS.get(arm, ()))
+    return {k: v for k, v in settings.items() if k not in others}
 
 
 def eval_settings(settings: dict[str, Any]) -> dict[str, Any]:
@@ -719,7 +744,7 @@ def docs_section(
         if dev_every <= {0}
         else f"at each arm's start, every {'/'.join(str(d) for d in sorted(dev_every))} cycles and at the end"
     )
-    mixed = [a for a, r in arms.items() if r["settings"] != s]
+    mixed = [a for a, r in arms.items() if arm_settings(r["settings"], a) != arm_settings(s, a)]
     image = os.path.relpath(plot_path, DEFAULT_PLOT.parent)
     figure = f"![agreement and dev TGC vs training seconds]({image})" if note is None else f"(No figure: {note}.)"
     start_line = (
@@ -795,7 +820,7 @@ def merged_result(
 # --- main -----------------------------------------------------------------------------------------------
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="a smoke run: one tiny cycle per arm, 1 dev task of 2 turns")
     ap.add_argument("--model", default=None, help="model name or directory (default: AGENTLOOP_MODEL)")
@@ -842,13 +867,19 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--lr", type=float, default=None, help="learning rate of LOOP and LOOP+step")
     ap.add_argument("--dpo-beta", type=float, default=None, help="stepagent-implicit: beta (default: preset)")
     ap.add_argument("--dpo-anchor", type=float, default=None, help="stepagent-implicit: SFT anchor weight")
+    ap.add_argument(
+        "--dpo-reference",
+        choices=("base", "cycle"),
+        default=None,
+        help="stepagent-implicit: DPO's reference, the adapter disabled (base, the default) or the cycle's sampler",
+    )
     ap.add_argument("--irl-anchor", type=float, default=None, help="stepagent-irl: SFT anchor weight")
     ap.add_argument("--step-omega", type=float, default=None, help="loop+step: omega (default: preset)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--plot", type=Path, default=DEFAULT_PLOT, help=f"PNG to write (default {DEFAULT_PLOT})")
     ap.add_argument("--json", action="store_true", help="print only the JSON object")
     ap.add_argument("--write-docs", action="store_true", help="update docs/benchmarks.md's stepagent_curve section")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     for name, (full, quick) in PRESETS.items():
         if getattr(args, name) is None:
             setattr(args, name, quick if args.quick else full)
@@ -879,10 +910,11 @@ def main() -> None:
         start = warm_start(args, results, model_dir, settings)
         for arm in [] if args.start_only else args.arm_list:
             done = read_json(arm_path(results, arm))
-            if done is not None and done["finished"] and done["settings"] == settings and not args.rerun:
+            same = done is not None and arm_settings(done["settings"], arm) == arm_settings(settings, arm)
+            if done is not None and done["finished"] and same and not args.rerun:
                 progress(f"{arm}: finished in {arm_path(results, arm)} with these settings; skipped (--rerun)")
                 continue
-            trained = done is not None and done.get("trained") and done["settings"] == settings
+            trained = done is not None and done.get("trained") and same
             if trained and (arm_adapter(results, arm) / "adapter_config.json").exists() and not args.rerun:
                 if args.defer_eval:
                     progress(f"{arm}: trained, its dev evaluation still deferred; skipped")
