@@ -29,7 +29,7 @@ import torch
 from learning_curve import use_home
 
 from agentloop.learner.experts import ExpertStep
-from agentloop.learner.loop import decoder_hidden
+from agentloop.learner.loop import greedy_hits
 from agentloop.policy.models import resolve_model_dir
 from agentloop.settings import get_settings
 
@@ -38,20 +38,21 @@ from report import emit, machine
 PLACES = ("agrees", "app", "api", "argument value", "syntax")
 
 
-def predicted(model: Any, tokens: list[int], chunk: int = 512) -> list[int]:
-    """Teacher forcing over one episode: the most likely next token after each position."""
+def hits(model: Any, tokens: list[int], steps: list[ExpertStep]) -> list[bool]:
+    """Teacher forcing over one episode (`loop.greedy_hits`, as the learner's agreement): at each position
+    of the steps' actions, whether the most likely next token is the expert's."""
     ids = torch.tensor([tokens])
+    targets = torch.zeros((1, len(tokens) - 1), dtype=torch.bool)
+    for st in steps:
+        targets[0, len(st.prefix) - 1 : len(st.prefix) + len(st.action_tokens) - 1] = True
     with torch.no_grad():
-        hidden = decoder_hidden(model.get_decoder(), ids, torch.ones_like(ids))[0]
-        weight = model.get_output_embeddings().weight
-        return torch.cat([(hidden[s : s + chunk] @ weight.T).argmax(-1) for s in range(0, len(tokens), chunk)]).tolist()
+        return greedy_hits(model, ids, torch.ones_like(ids), targets)[0].tolist()
 
 
-def place(step: ExpertStep, best: list[int], tokenizer: Any) -> tuple[str, str | None]:
+def place(step: ExpertStep, matched: list[bool], tokenizer: Any) -> tuple[str, str | None]:
     """Where greedy decoding at this step first writes a token other than the expert's."""
     p, action = len(step.prefix), step.action_tokens
-    got = best[p - 1 : p - 1 + len(action)]
-    k = next((i for i, (want, have) in enumerate(zip(action, got, strict=True)) if want != have), None)
+    k = next((i for i, ok in enumerate(matched[p - 1 : p - 1 + len(action)]) if not ok), None)
     if k is None:
         return "agrees", None
     text = tokenizer.decode(action)
@@ -78,9 +79,9 @@ def measure(label: str, adapter: Path | None, args: argparse.Namespace, model_di
     places: Counter[str] = Counter()
     arguments: Counter[str] = Counter()
     for tokens, steps in trainer._agreement_episodes(args.prefixes):
-        best = predicted(trainer.model, tokens[: len(steps[-1].prefix) + len(steps[-1].action_tokens)])
+        matched = hits(trainer.model, tokens[: len(steps[-1].prefix) + len(steps[-1].action_tokens)], steps)
         for step in steps:
-            where, name = place(step, best, tokenizer)
+            where, name = place(step, matched, tokenizer)
             places[where] += 1
             if name is not None:
                 arguments[name] += 1

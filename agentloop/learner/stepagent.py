@@ -132,6 +132,14 @@ def combined_advantages(trajectory: float, step: Sequence[float], omega: float) 
 # --- reflection: implicit reward (step-level DPO with an SFT anchor) -----------------------------------
 
 
+def sft_anchor(chosen: torch.Tensor, chosen_tokens: torch.Tensor | float) -> torch.Tensor:
+    """The SFT anchor of both variants: -log pi(a*_t|h_t) / |a*_t|, from the expert action's summed log-prob
+    and its token count."""
+    if isinstance(chosen_tokens, torch.Tensor):
+        return -chosen / chosen_tokens.clamp(min=1)
+    return -chosen / max(chosen_tokens, 1)
+
+
 @dataclass
 class DpoStats:
     loss: float
@@ -155,7 +163,7 @@ def step_dpo_loss(
     chosen action's token count."""
     margin = (chosen - ref_chosen) - (rejected - ref_rejected)  # (P,)
     dpo = -F.logsigmoid(beta * margin)
-    anchor = -chosen / chosen_tokens.clamp(min=1)
+    anchor = sft_anchor(chosen, chosen_tokens)
     loss = (dpo + anchor_weight * anchor).mean()
     with torch.no_grad():
         stats = DpoStats(
@@ -236,5 +244,5 @@ def irl_policy_loss(
     their leave-one-out D-advantages) plus alpha * (-log pi(a*_t|h_t) / |a*_t|), `expert` being the expert
     action's summed log-prob. Returns the loss, the clipped part's stats and the anchor's value."""
     clipped, stats = ppo_clip_loss(logp, old_logp, advantages, mask, eps, level)
-    anchor = -expert / max(expert_tokens, 1)
+    anchor = sft_anchor(expert, expert_tokens)
     return clipped + anchor_weight * anchor, stats, float(anchor.detach())

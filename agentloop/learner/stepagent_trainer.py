@@ -174,8 +174,8 @@ class StepAgentTrainer(Trainer):
             x, rows = groups[g]
             logp = self._summed_logprobs(rows, device)
             ref, n, tokens = refs[g], len(rows) - 1, float(len(x.step.action_tokens))
-            if ref is None:  # no pair: the anchor's term alone, -alpha * log pi(a*) / |a*|
-                return c.dpo_anchor * -logp[0] / tokens, None
+            if ref is None:  # no pair: the anchor's term alone
+                return c.dpo_anchor * stepagent.sft_anchor(logp[0], tokens), None
             return stepagent.step_dpo_loss(
                 logp[0].expand(n),
                 logp[1:],

@@ -192,7 +192,7 @@ class LocalPolicy:
         # prefilled once: each takes the cache layout of the first row with its context
         first: dict[tuple[int, ...], int] = {}
         owner = [first.setdefault(tuple(r.context), b) for b, r in enumerate(reqs)]
-        distinct = sorted(first.values())
+        distinct = list(first.values())  # increasing: each context's first row
         reuse = [self._reusable(r, adapter) for r in reqs]
         if self._prime_shared([reqs[b] for b in distinct if reuse[b][0] == 0], adapter):
             reuse = [self._reusable(r, adapter) for r in reqs]
@@ -217,7 +217,8 @@ class LocalPolicy:
         past = self._stack_prefixes([reuse[b] for b in distinct], P) if P else None
         logits, cache = self._prefill(ids[rows], mask[rows], positions[rows], past)
         if len(distinct) < B:
-            back = torch.tensor([distinct.index(o) for o in owner], device=device)
+            slot = {b: k for k, b in enumerate(distinct)}
+            back = torch.tensor([slot[o] for o in owner], device=device)
             logits, cache = logits[back], repeat_rows(cache, back)
         next_pos = torch.tensor([[len(r.context)] for r in reqs], device=device)  # (B, 1)
 
