@@ -3,7 +3,8 @@ and LOOP+step, each from one shared supervised warm start and for the same train
 built-in world whose train tasks (and their oracle experts) are fresh `<scenario>@<seed>` instances.
 
     python bench/stepagent_curve.py [--quick] [--results DIR] [--arms sft,loop,...] [--start-only] [--merge]
-        [--rerun] [--defer-eval] [--budget-s S] [--warm-start-s S] [--dev-every N] [--model DIR] [--json] [--write-docs]
+        [--rerun] [--defer-eval] [--extend] [--budget-s S] [--warm-start-s S] [--dev-every N] [--model DIR]
+        [--json] [--write-docs]
 
 On a CPU that another job shares, OMP_NUM_THREADS=1 is several times faster than torch's default of one
 thread per core (measured here: decoding 4.5x, prefill 1.7x, with one other process busy on 2 cores).
@@ -18,10 +19,13 @@ Phases, each kept on disk under `--results DIR` so that a run can be split into 
                        same command without the flag, in a later sitting, runs only that evaluation
 
 Arms (`--arms`, run in the order given): sft (SFT alone: more supervised cycles), stepagent-implicit,
-stepagent-irl, loop, loop+step. An arm whose file records a finished run with the same settings (the
-model, the presets, the seed and SFT lr, and that arm's own options: another arm's lr or beta does not
-count) is skipped (`--rerun` runs it again). `--start-only` makes base.json and the warm start, no arm; `--merge`
-trains nothing; every run ends by building the table and the PNG from every arm file in DIR.
+stepagent-greedy (stepagent-implicit with `inspection: greedy`: pairs where the greedy action leaves the
+expert's, read from SFT's own pass), stepagent-irl, loop, loop+step. An arm whose file records a finished run
+with the same settings (the model, the presets, the seed and SFT lr, and that arm's own options: another
+arm's lr or beta does not count) is skipped (`--rerun` runs it again). `--extend` with a larger `--budget-s`
+continues such an arm from its saved adapter (cycles kept, a fresh optimizer). `--start-only` makes base.json
+and the warm start, no arm; `--merge` trains nothing; every run ends by building the table and the PNG from
+every arm file in DIR.
 
 Budget: an arm's "train seconds" are the wall time of `Trainer.iteration` (one cycle: drawing experts or
 rollouts, inspection, the update), less the agreement measurement the learner makes inside it. A cycle
@@ -71,11 +75,13 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_PLOT = ROOT / "docs" / "stepagent_curve.png"
 SECTION = "stepagent_curve"
 
-ARMS = ("sft", "stepagent-implicit", "stepagent-irl", "loop", "loop+step")
-STEP_REWARD_ARMS = ("stepagent-implicit", "stepagent-irl", "loop+step")  # their gain is over SFT alone's
+ARMS = ("sft", "stepagent-implicit", "stepagent-greedy", "stepagent-irl", "loop", "loop+step")
+# their gain is over SFT alone's
+STEP_REWARD_ARMS = ("stepagent-implicit", "stepagent-greedy", "stepagent-irl", "loop+step")
 LABELS = {
     "sft": "SFT alone",
     "stepagent-implicit": "StepAgent (implicit reward)",
+    "stepagent-greedy": "StepAgent (implicit reward, greedy inspection)",
     "stepagent-irl": "StepAgent (inverse RL)",
     "loop": "LOOP",
     "loop+step": "LOOP + step rewards",
@@ -118,9 +124,14 @@ OPTIONS = (
     "step_omega",
     "seed",
 )
+# arms that run another arm's algorithm with some options of their own
+ARM_ALGOS: dict[str, tuple[str, dict[str, Any]]] = {
+    "stepagent-greedy": ("stepagent-implicit", {"inspection": "greedy"}),
+}
 # the options that shape one arm only: its file is comparable with another run's whatever the others say
 ARM_OPTIONS = {
     "stepagent-implicit": ("stepagent_lr", "dpo_beta", "dpo_anchor", "dpo_reference"),
+    "stepagent-greedy": ("stepagent_lr", "dpo_beta", "dpo_anchor", "dpo_reference"),
     "stepagent-irl": ("stepagent_lr", "irl_anchor"),
     "loop": ("lr",),
     "loop+step": ("lr", "step_omega"),
@@ -234,6 +245,7 @@ def stamp() -> dict[str, Any]:
 
 def make_config(algo: str, args: argparse.Namespace, **overrides: Any) -> LoopConfig:
     options = {k: getattr(args, k) for k in OPTIONS if getattr(args, k) is not None}
+    algo, preset = ARM_ALGOS.get(algo, (algo, {}))
     return LoopConfig.for_algo(
         algo,
         iterations=args.max_cycles,
@@ -245,7 +257,7 @@ def make_config(algo: str, args: argparse.Namespace, **overrides: Any) -> LoopCo
         **{k: getattr(args, k) for k in CONFIG_FIELDS if getattr(args, k) is not None or k == "dev_limit"},
         micro_batch_size=1,  # a rollout is ~2k tokens: activations of one at a time
         promote=False,  # no gate, no adapter versions: this bench measures dev itself
-        **{**options, **overrides},
+        **{**preset, **options, **overrides},
     )
 
 
@@ -447,26 +459,36 @@ def train_arm(
     model_dir: Path,
     settings: dict[str, Any],
     start: dict[str, Any],
+    extend: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """One arm from the warm-start adapter for the budget; DIR/<arm>.json rewritten after every cycle."""
-    shutil.rmtree(results / "homes" / arm, ignore_errors=True)  # a rerun starts from an empty database
-    home = use_home(results / "homes" / arm, model_dir)
+    """One arm from the warm-start adapter for the budget; DIR/<arm>.json rewritten after every cycle. With
+    `extend` (the arm's file from an earlier sitting, trained for a smaller budget) the arm goes on from its
+    saved adapter with its cycles kept, up to the new budget; the optimizer starts afresh (AdamW's moments are
+    not saved with an adapter), which the file records under "extended"."""
     config = make_config(arm, args)  # SFT alone: the warm start's config, continued
-    trainer = load_trainer(home, config, model_dir, results / "warm_start", arm)
+    if extend is None:
+        shutil.rmtree(results / "homes" / arm, ignore_errors=True)  # a rerun starts from an empty database
+    home = use_home(results / "homes" / arm, model_dir)
+    init_from = arm_adapter(results, arm) if extend is not None else results / "warm_start"
+    trainer = load_trainer(home, config, model_dir, init_from, arm)
     record: dict[str, Any] = {
         "arm": arm,
         "label": LABELS[arm],
         "settings": settings,
         "dev_every": args.dev_every,
-        "lr": config.phase_lr(arm),
+        "lr": config.phase_lr(config.algo),
         "config": config.to_dict(),
         "finished": False,
         "points": [start_point(start)],
         **stamp(),
     }
+    first, train_s, eval_s, agreement_s = 0, 0.0, 0.0, 0.0
+    if extend is not None:
+        first, train_s, eval_s = int(extend["cycles"]), float(extend["train_s"]), float(extend.get("eval_s", 0.0))
+        history = [*extend.get("extended", []), {"at_cycle": first, "at_train_s": train_s, **stamp()}]
+        record.update(points=extend["points"], extended=history, at=extend["at"], command=extend["command"])
     path = arm_path(results, arm)
-    train_s, eval_s, agreement_s = 0.0, 0.0, 0.0
-    for i in range(args.max_cycles):
+    for i in range(first, args.max_cycles):
         if train_s >= args.budget_s:
             break
         metrics, took, in_cycle = timed_cycle(trainer, i, f"{args.seed}:{i}")
@@ -491,6 +513,15 @@ def train_arm(
         progress(f"{arm}: trained, adapter saved to {arm_adapter(results, arm)}; its dev evaluation is deferred")
         return record
     return evaluate_arm(arm, record, trainer, results)
+
+
+def extendable(done: dict[str, Any], settings: dict[str, Any], arm: str, args: argparse.Namespace) -> bool:
+    """`--extend`: an arm file trained with these settings but for a smaller budget (or fewer cycles) goes on."""
+    grown = ("budget_s", "max_cycles")
+    same = {k: v for k, v in arm_settings(done["settings"], arm).items() if k not in grown} == {
+        k: v for k, v in arm_settings(settings, arm).items() if k not in grown
+    }
+    return same and float(done["train_s"]) < args.budget_s and int(done["cycles"]) < args.max_cycles
 
 
 def arm_adapter(results: Path, arm: str) -> Path:
@@ -733,7 +764,8 @@ def docs_section(
     result: dict[str, Any], arms: dict[str, Any], base: Any, start: Any, plot_path: Path, note: str | None
 ) -> str:
     files = [*(x for x in (base, start) if x), *arms.values()]  # in the order the phases ran
-    commands = list(dict.fromkeys(r["command"] for r in files))
+    runs = [r["command"] for r in files] + [e["command"] for r in arms.values() for e in r.get("extended", [])]
+    commands = list(dict.fromkeys(runs))
     machines = list(dict.fromkeys(r["machine"] for r in files))
     s = result["settings"]
     budgets = ", ".join(f"{LABELS[a]} {r['settings']['budget_s']:g} s (lr {r['lr']:g})" for a, r in arms.items())
@@ -843,6 +875,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="train the arms and save their adapters; their end-of-arm dev evaluation runs in a later sitting "
         "(the same command without this flag)",
     )
+    ap.add_argument(
+        "--extend",
+        action="store_true",
+        help="an arm trained in an earlier sitting for a smaller --budget-s goes on from its saved adapter",
+    )
     ap.add_argument("--budget-s", type=float, default=None, help="training seconds per arm (default 2400)")
     ap.add_argument("--max-cycles", type=int, default=None, help="cycle cap per arm")
     ap.add_argument("--warm-start-s", type=float, default=None, help="training seconds of the shared SFT warm start")
@@ -914,14 +951,19 @@ def main() -> None:
             if done is not None and done["finished"] and same and not args.rerun:
                 progress(f"{arm}: finished in {arm_path(results, arm)} with these settings; skipped (--rerun)")
                 continue
-            trained = done is not None and done.get("trained") and same
-            if trained and (arm_adapter(results, arm) / "adapter_config.json").exists() and not args.rerun:
-                if args.defer_eval:
+            saved = (arm_adapter(results, arm) / "adapter_config.json").exists()
+            if done is not None and done.get("trained") and saved and not args.rerun:
+                if args.extend and extendable(done, settings, arm, args):
+                    progress(f"{arm}: going on from {arm_adapter(results, arm)} ({done['train_s']:.0f} s trained)")
+                    train_arm(arm, args, results, model_dir, settings, start, extend=done)
+                    continue
+                if same and args.defer_eval:
                     progress(f"{arm}: trained, its dev evaluation still deferred; skipped")
-                else:
+                    continue
+                if same:
                     progress(f"{arm}: trained in an earlier sitting; the dev evaluation at its end")
                     evaluate_deferred(arm, args, done, results, model_dir)
-                continue
+                    continue
             progress(f"{arm}: training from the warm start")
             train_arm(arm, args, results, model_dir, settings, start)
 

@@ -102,7 +102,16 @@ class LoopConfig:
         default="base",
         metadata={
             "help": "stepagent-implicit: DPO's reference, the adapter disabled (base) or the weights that sampled"
-            " the cycle's actions (cycle)"
+            " the cycle's actions (cycle; with greedy inspection, the weights at each optimizer step)"
+        },
+    )
+    inspection: Literal["sample", "greedy"] = field(
+        default="sample",
+        metadata={
+            "help": "stepagent-implicit: the agent's actions at expert prefixes, M samples decoded at"
+            " `inspect_prefixes` prefixes (sample), or the greedy action at every step of every drawn expert, read"
+            " from one teacher-forced pass per expert with a pair wherever its token is not the expert's (greedy)."
+            " stepagent-irl always samples: its discriminator scores whole actions"
         },
     )
     irl_anchor: float = field(default=1.0, metadata={"help": "stepagent-irl: weight of the SFT anchor on a*_t"})
@@ -188,6 +197,8 @@ class LoopConfig:
             problems.append("lr, sft_lr, stepagent_lr, clip_eps, dpo_beta and disc_lr must be > 0")
         if min(self.dpo_anchor, self.irl_anchor, self.step_omega, self.agreement_prefixes, self.lora_layers) < 0:
             problems.append("dpo_anchor, irl_anchor, step_omega, agreement_prefixes and lora_layers must be >= 0")
+        if self.inspection == "greedy" and "stepagent-irl" in self.algos():
+            problems.append("inspection 'greedy' is stepagent-implicit's: stepagent-irl's discriminator needs samples")
         if self.temperature != 1.0 and self.recompute_old_logprobs == "never":
             problems.append("rollouts sampled at temperature != 1 need recompute_old_logprobs='auto' or 'always'")
         if self.app is not None and (not isinstance(self.app, str) or not self.app):

@@ -87,16 +87,19 @@ def _chunk_logprobs(
     logits = (hidden @ weight.T).float()  # (B, C, V) for this chunk only
     if temperature != 1.0:
         logits = logits / temperature
-    target_logit = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (B, C)
-    return target_logit - torch.logsumexp(logits, dim=-1)
+    several = targets.dim() == logits.dim()  # (B, C, k): k tokens' log-probs at each position
+    picked = targets if several else targets.unsqueeze(-1)
+    out = logits.gather(-1, picked) - torch.logsumexp(logits, dim=-1, keepdim=True)  # (B, C, k)
+    return out if several else out.squeeze(-1)
 
 
 def logprobs_from_hidden(
     hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int = 512, temperature: float = 1.0
 ) -> torch.Tensor:
-    """log p(targets) from final hidden states (B, T, H) and the output matrix (V, H), `chunk`
-    positions at a time. With gradients, each chunk's logits are recomputed in the backward pass
-    instead of being kept, so peak memory holds one (B, chunk, V) block, not (B, T, V)."""
+    """log p(targets) from final hidden states (B, T, H) and the output matrix (V, H), `chunk` positions at
+    a time; targets (B, T), or (B, T, k) for k tokens' log-probs at each position. With gradients, each
+    chunk's logits are recomputed in the backward pass instead of being kept, so peak memory holds one
+    (B, chunk, V) block, not (B, T, V)."""
     out = []
     for start in range(0, hidden.shape[1], chunk):
         h, t = hidden[:, start : start + chunk], targets[:, start : start + chunk]
@@ -133,6 +136,13 @@ def sequence_logprobs(
 
 
 @torch.no_grad()
+def greedy_tokens(hidden: torch.Tensor, weight: torch.Tensor, chunk: int = 512) -> torch.Tensor:
+    """The most likely next token after each of (n, H) final hidden states: (n,)."""
+    best = [(hidden[s : s + chunk] @ weight.T).argmax(dim=-1) for s in range(0, len(hidden), chunk)]
+    return torch.cat(best) if best else torch.zeros(0, dtype=torch.long, device=hidden.device)
+
+
+@torch.no_grad()
 def greedy_hits(
     model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, target_mask: torch.Tensor, chunk: int = 512
 ) -> torch.Tensor:
@@ -143,10 +153,8 @@ def greedy_hits(
     weight = model.get_output_embeddings().weight  # (V, H)
     rows, cols = target_mask.nonzero(as_tuple=True)
     picked, targets = hidden[rows, cols], input_ids[:, 1:][rows, cols]  # (n, H), (n,)
-    best = [(picked[s : s + chunk] @ weight.T).argmax(dim=-1) for s in range(0, len(picked), chunk)]
     out = torch.zeros(target_mask.shape, dtype=torch.bool, device=input_ids.device)
-    if best:
-        out[rows, cols] = torch.cat(best) == targets
+    out[rows, cols] = greedy_tokens(picked, weight, chunk) == targets
     return out
 
 

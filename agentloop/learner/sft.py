@@ -15,8 +15,10 @@ import torch
 from agentloop.learner.loop import SHARED_OPENING_MIN_TOKENS, recomputes_layers, sequence_logprobs
 from agentloop.learner.rollouts import Rollout
 from agentloop.learner.trainer import Trainer
-from agentloop.learner.update import collate
+from agentloop.learner.update import Batch, collate
 from agentloop.policy.local import common_length
+
+SequenceLoss = Callable[[Any, Batch, int], torch.Tensor]  # (model, micro-batch, log-prob chunk) -> (B,)
 
 
 def supervised_steps(
@@ -31,9 +33,12 @@ def supervised_steps(
     micro_tokens: int = 4096,
     optimizer: torch.optim.Optimizer | None = None,
     between_steps: Callable[[int], None] | None = None,
+    sequence_loss: SequenceLoss | None = None,
 ) -> list[float]:
     """`steps` AdamW steps of -mean log p(agent tokens); returns the loss of each step. `optimizer`: the
-    caller's (a run's, checkpointed with it), else a fresh AdamW at `lr`; `between_steps(n)` after each.
+    caller's (a run's, checkpointed with it), else a fresh AdamW at `lr`; `between_steps(n)` after each;
+    `sequence_loss(model, batch, chunk)`: each sequence's loss (B,) instead of that mean (StepAgent's greedy
+    reflection adds its pairs to it).
 
     A step's sequences go through the model in micro-batches of at most `micro_tokens` tokens run (their
     shared opening counted once, the rest padded; one sequence alone when it is longer), gradients
@@ -51,10 +56,8 @@ def supervised_steps(
         total = 0.0
         for micro in micro_batches(picked, micro_tokens, shared=not recomputes_layers(model.get_decoder())):
             batch = collate(micro, pad_id).to(device)
-            mask = batch.agent_mask
-            logp = sequence_logprobs(model, batch.input_ids, batch.attention_mask, chunk, target_mask=mask)
-            per_seq = (logp * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)
-            loss = -per_seq.sum() / len(picked)  # this micro-batch's share of the step's mean
+            per_seq = (sequence_loss or expert_nll)(model, batch, chunk)
+            loss = per_seq.sum() / len(picked)  # this micro-batch's share of the step's mean
             loss.backward()
             total += float(loss.detach())
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -64,6 +67,13 @@ def supervised_steps(
             between_steps(len(losses))
     model.eval()
     return losses
+
+
+def expert_nll(model: Any, batch: Batch, chunk: int) -> torch.Tensor:
+    """Each sequence's -mean log p(agent tokens): (B,)."""
+    mask = batch.agent_mask
+    logp = sequence_logprobs(model, batch.input_ids, batch.attention_mask, chunk, target_mask=mask)
+    return -(logp * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)
 
 
 def micro_batches(rollouts: Sequence[Rollout], micro_tokens: int, shared: bool = True) -> list[list[Rollout]]:

@@ -14,6 +14,17 @@ an update, in one of two ways:
         (the same SFT anchor: without it the policy climbs whatever D scores high, and D has seen a few
         dozen actions)
 
+Greedy inspection (`inspection: greedy`, implicit reward only): the agent's action is its greedy one, and one
+teacher-forced pass over an expert trajectory reads it at every step at once. Wherever the most likely token
+y^_j after (h_t, y*_<j) is not the expert's y*_j, greedy decoding that had followed the expert so far leaves
+it there: a pair, chosen y*_j and rejected y^_j after the same context (the tokens two such actions share
+cancel in m_t, so the pair is the actions up to their first difference). The reference is the weights at
+that optimizer step, or the adapter disabled; the anchor is SFT on every expert token:
+        m_j   = beta * [(log pi(y*_j) - log pi_ref(y*_j)) - (log pi(y^_j) - log pi_ref(y^_j))]
+        L     = alpha * (-mean_j log pi(y*_j))  +  mean over pairs of -log sigmoid(m_j)
+A pair exists only while the expert's token is not the greedy one, so the contrast stops where agreement is
+reached. One pass per expert, as for SFT: no decoding.
+
 Combined with LOOP on the agent's own rollouts: A_t = A_trajectory + omega * A_step,t, where A_step,t is the
 leave-one-out advantage (over the K rollouts of the task) of the turn's comparison reward.
 """
@@ -140,6 +151,34 @@ def sft_anchor(chosen: torch.Tensor, chosen_tokens: torch.Tensor | float) -> tor
     return -chosen / max(chosen_tokens, 1)
 
 
+def dpo_terms(
+    chosen: torch.Tensor, rejected: torch.Tensor, ref_chosen: torch.Tensor, ref_rejected: torch.Tensor, beta: float
+) -> torch.Tensor:
+    """-log sigmoid(m) per pair, m = beta * [(log pi(chosen) - log pi_ref(chosen)) - (log pi(rejected) -
+    log pi_ref(rejected))]."""
+    return -F.logsigmoid(beta * ((chosen - ref_chosen) - (rejected - ref_rejected)))
+
+
+@dataclass
+class GreedyComparison:
+    """The greedy actions of expert trajectories against the experts', token by token."""
+
+    wrong: torch.Tensor  # (n,) bool: the greedy token is not the expert's (a pair)
+    steps: int  # expert actions compared
+    steps_agreeing: int  # of them, those whose greedy action is the expert's (no wrong token)
+
+
+def greedy_comparison(expert: torch.Tensor, greedy: torch.Tensor, step_ids: torch.Tensor) -> GreedyComparison:
+    """expert, greedy: (n,) the expert's token and the most likely one at each action token; step_ids: (n,)
+    which expert action (any ids, unique per action) each token belongs to."""
+    wrong = expert != greedy
+    steps, inverse = torch.unique(step_ids, return_inverse=True)
+    wrong_in_step = torch.zeros(len(steps), dtype=torch.long, device=expert.device).scatter_add(
+        0, inverse, wrong.long()
+    )
+    return GreedyComparison(wrong, len(steps), int((wrong_in_step == 0).sum()))
+
+
 @dataclass
 class DpoStats:
     loss: float
@@ -162,7 +201,7 @@ def step_dpo_loss(
     log-probs of the chosen (expert) and rejected (agent) action under the policy and the reference, and the
     chosen action's token count."""
     margin = (chosen - ref_chosen) - (rejected - ref_rejected)  # (P,)
-    dpo = -F.logsigmoid(beta * margin)
+    dpo = dpo_terms(chosen, rejected, ref_chosen, ref_rejected, beta)
     anchor = sft_anchor(chosen, chosen_tokens)
     loss = (dpo + anchor_weight * anchor).mean()
     with torch.no_grad():

@@ -27,10 +27,11 @@ import torch
 from agentloop.agent.actions import parse_action
 from agentloop.learner import stepagent
 from agentloop.learner.experts import ExpertStep, expert_steps
-from agentloop.learner.loop import LossStats, decoder_hidden, sequence_logprobs
+from agentloop.learner.loop import LossStats, decoder_hidden, greedy_tokens, logprobs_from_hidden, sequence_logprobs
 from agentloop.learner.rollouts import Rollout
+from agentloop.learner.sft import supervised_steps
 from agentloop.learner.trainer import Trainer
-from agentloop.learner.update import collate
+from agentloop.learner.update import Batch, collate
 from agentloop.policy.base import GenerationRequest
 
 T = TypeVar("T")
@@ -58,6 +59,68 @@ class Inspected:
             reward=reward,
             success=reward == 1.0,
         )
+
+
+@dataclass
+class GreedyTally:
+    """What greedy inspection found over a cycle's passes."""
+
+    tokens: int = 0  # expert action tokens compared
+    pairs: int = 0  # of them, where the greedy token was another
+    steps: int = 0  # expert actions
+    agreeing: int = 0  # of them, those the greedy action wrote exactly
+    margin: float = 0.0  # sum of log pi(y*) - log pi(y^) over the pairs
+    anchor: float = 0.0  # sum of the experts' -mean log pi(y*)
+    sequences: int = 0
+
+
+def greedy_dpo_loss(
+    model: Any,
+    batch: Batch,
+    chunk: int,
+    beta: float,
+    anchor_weight: float,
+    reference: str,
+    tally: GreedyTally | None = None,
+) -> torch.Tensor:
+    """Each expert sequence's loss (B,) under greedy inspection (stepagent.py): alpha * -mean log pi(y*_j) over
+    its action tokens, plus the mean over its pairs (tokens j where the most likely token y^_j is not y*_j) of
+    -log sigmoid(m_j); the reference is `base` (the adapter disabled: a second pass, without gradients) or the
+    weights as they are (`cycle`: m_j is 0 and only its gradient acts)."""
+    decoder, weight = model.get_decoder(), model.get_output_embeddings().weight
+    rows, cols = batch.agent_mask.nonzero(as_tuple=True)
+    expert = batch.input_ids[:, 1:][rows, cols]  # (n,) y*_j
+    hidden = decoder_hidden(decoder, batch.input_ids, batch.attention_mask)[:, :-1][rows, cols]  # (n, H)
+    greedy = greedy_tokens(hidden.detach(), weight, chunk)  # (n,) y^_j
+    step_ids = rows * (int(batch.turn_ids.max()) + 1) + batch.turn_ids[rows, cols]
+    found = stepagent.greedy_comparison(expert, greedy, step_ids)
+    pair_tokens = torch.stack([expert, greedy], dim=-1).unsqueeze(0)  # (1, n, 2)
+    logp = logprobs_from_hidden(hidden.unsqueeze(0), weight, pair_tokens, chunk)[0]  # (n, 2)
+    if reference == "base":
+        with torch.no_grad(), model.disable_adapter():
+            h_ref = decoder_hidden(decoder, batch.input_ids, batch.attention_mask)[:, :-1][rows, cols]
+            ref = logprobs_from_hidden(h_ref.unsqueeze(0), weight, pair_tokens, chunk)[0]
+    else:
+        ref = logp.detach()
+    B = batch.input_ids.shape[0]
+
+    def per_row(values: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(B, dtype=values.dtype, device=values.device).index_add(0, rows, values)
+
+    anchor = -per_row(logp[:, 0]) / per_row(torch.ones_like(logp[:, 0])).clamp(min=1)
+    wrong = found.wrong.to(logp.dtype)
+    terms = stepagent.dpo_terms(logp[:, 0], logp[:, 1], ref[:, 0], ref[:, 1], beta)
+    dpo = per_row(terms * wrong) / per_row(wrong).clamp(min=1)  # mean over each expert's pairs (0 without)
+    if tally is not None:
+        with torch.no_grad():
+            tally.tokens += len(expert)
+            tally.pairs += int(found.wrong.sum())
+            tally.steps += found.steps
+            tally.agreeing += found.steps_agreeing
+            tally.margin += float((logp[:, 0] - logp[:, 1])[found.wrong].sum())
+            tally.anchor += float(anchor.sum())
+            tally.sequences += B
+    return anchor_weight * anchor + dpo
 
 
 class StepAgentTrainer(Trainer):
@@ -90,6 +153,14 @@ class StepAgentTrainer(Trainer):
         t0 = time.perf_counter()
         self.report({"phase": "experts", "iteration": i})
         rollouts, counts = self.expert_batch(i)
+        if algo == "stepagent-implicit" and c.inspection == "greedy":
+            self.safe_point(f"in iteration {i}, after drawing its experts")
+            if not rollouts:
+                return {"iteration": i, "experts": 0.0, **counts}
+            t1 = time.perf_counter()
+            done = {"iteration": i, **counts, **self.reflect_greedy(i, rollouts), "perf/expert_s": t1 - t0}
+            self.policy.clear_cache()
+            return {**done, "perf/update_s": time.perf_counter() - t1}
         steps = [s for r in rollouts for s in expert_steps(r)]
         picked = self.rng.sample(steps, min(c.inspect_prefixes, len(steps)))
         self.safe_point(f"in iteration {i}, after drawing its experts")
@@ -204,6 +275,47 @@ class StepAgentTrainer(Trainer):
                 }
             )
         return metrics
+
+    # --- inspection and reflection in one pass: the greedy action, implicit reward
+    def reflect_greedy(self, i: int, rollouts: Sequence[Rollout]) -> dict[str, Any]:
+        """`sft_steps` steps of `sft_batch_size` experts, as SFT's; each expert's loss is the SFT anchor on its
+        tokens plus step-level DPO at every token where the greedy action leaves the expert's (stepagent.py:
+        greedy inspection), all from the one pass SFT makes anyway (with `dpo_reference: base`, a second one
+        without gradients and with the adapter disabled)."""
+        c = self.config
+        self.report({"phase": "updating", "iteration": i, "experts": len(rollouts), "steps": c.sft_steps})
+        tally = GreedyTally()
+
+        def sequence_loss(model: Any, batch: Batch, chunk: int) -> torch.Tensor:
+            return greedy_dpo_loss(model, batch, chunk, c.dpo_beta, c.dpo_anchor, c.dpo_reference, tally)
+
+        losses = supervised_steps(
+            self.model,
+            rollouts,
+            self.pad_id,
+            c.sft_steps,
+            c.lr,
+            batch_size=c.sft_batch_size,
+            seed=self.rng.randrange(2**31),
+            chunk=c.logprob_chunk,
+            micro_tokens=c.micro_tokens,
+            optimizer=self.optimizer,
+            between_steps=lambda n: self.safe_point(f"in iteration {i}, after a reflection step"),
+            sequence_loss=sequence_loss,
+        )
+        agree = tally.agreeing / max(tally.steps, 1)
+        return {
+            "experts": float(len(rollouts)),
+            "loss/dpo_total": sum(losses) / len(losses),
+            "loss/sft": tally.anchor / max(tally.sequences, 1),  # the anchor: what SFT alone minimises
+            "dpo/pairs": float(tally.pairs),
+            # log pi(y*) - log pi(y^) at the pairs: how far the expert's token is behind the greedy one
+            "dpo/margin": tally.margin / max(tally.pairs, 1),
+            "inspect/token_agree": 1.0 - tally.pairs / max(tally.tokens, 1),
+            "inspect/agree_frac": agree,
+            "step_reward/mean": agree,  # a greedy action earns 1 when it is the expert's, else 0
+            "updated": 1.0,
+        }
 
     def _reflect(self, i: int, n_groups: int, loss_of: Callable[[int], tuple[torch.Tensor, T]]) -> list[T]:
         """`epochs` passes over the prefixes' groups in a random order, `sft_batch_size` groups per optimizer

@@ -79,6 +79,7 @@ def test_bad_training_requests_write_nothing(sqlite_db):
         {"config": {"rollouts_per_task": 1}},  # leave-one-out needs two
         {"config": {"ratio_level": "sentence"}},  # one of a fixed set of words
         {"config": {"dpo_reference": "yesterday"}},
+        {"algo": "stepagent-irl", "config": {"inspection": "greedy"}},  # its discriminator needs samples
         {"unknown_field": 1},
         {"recipe": "fastest"},
     ]:

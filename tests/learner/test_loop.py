@@ -155,6 +155,17 @@ def test_chunked_logprobs_have_the_same_gradient():
     assert torch.allclose(hidden.grad, g_hidden, atol=1e-5) and torch.allclose(weight.grad, g_weight, atol=1e-5)
 
 
+def test_several_targets_per_position_are_each_targets_logprob():
+    torch.manual_seed(0)
+    hidden = torch.randn(1, 9, 8)
+    weight = torch.randn(50, 8)
+    targets = torch.randint(0, 50, (1, 9, 2))
+    both = logprobs_from_hidden(hidden, weight, targets, chunk=4)
+    assert both.shape == (1, 9, 2)
+    for k in range(2):
+        torch.testing.assert_close(both[..., k], logprobs_from_hidden(hidden, weight, targets[..., k], chunk=4))
+
+
 def test_selected_positions_equal_the_full_computation(tiny_model_dir):
     from transformers import AutoModelForCausalLM
 

@@ -15,6 +15,8 @@ from agentloop.learner.stepagent import (
     combined_advantages,
     discriminator_loss,
     discriminator_rewards,
+    dpo_terms,
+    greedy_comparison,
     irl_policy_loss,
     normalise,
     step_dpo_loss,
@@ -114,6 +116,28 @@ def test_step_dpo_gradient_raises_the_chosen_and_lowers_the_rejected() -> None:
     assert chosen.grad is not None and rejected.grad is not None
     # at m = 0: dL/dchosen = -beta * sigmoid(0) = -0.5, dL/drejected = +0.5
     assert float(chosen.grad) == pytest.approx(-0.5) and float(rejected.grad) == pytest.approx(0.5)
+
+
+def test_greedy_comparison_finds_the_pairs_and_the_agreeing_steps() -> None:
+    expert = torch.tensor([5, 6, 7, 8, 9, 4])
+    greedy = torch.tensor([5, 0, 7, 8, 1, 4])
+    steps = torch.tensor([10, 10, 10, 11, 12, 13])  # four expert actions: tokens 0-2, 3, 4, 5
+    found = greedy_comparison(expert, greedy, steps)
+    assert found.wrong.tolist() == [False, True, False, False, True, False]
+    assert (found.steps, found.steps_agreeing) == (4, 2)  # actions 11 and 13 are written exactly
+
+
+def test_dpo_terms_by_hand() -> None:
+    terms = dpo_terms(
+        torch.tensor([-1.0, -2.0]),
+        torch.tensor([-3.0, -1.0]),
+        torch.tensor([-2.0, -2.0]),
+        torch.tensor([-2.0, -2.0]),
+        beta=0.5,
+    )
+    # m = 0.5 * ((-1 + 2) - (-3 + 2)) = 1;  m = 0.5 * ((-2 + 2) - (-1 + 2)) = -0.5
+    expected = [math.log(1 + math.exp(-1.0)), math.log(1 + math.exp(0.5))]
+    assert terms.tolist() == pytest.approx(expected)
 
 
 def test_discriminator_objective() -> None:
