@@ -212,3 +212,36 @@ def test_a_long_batch_is_prefilled_a_few_rows_at_a_time_with_the_same_results(ti
         assert a == pytest.approx(b, abs=1e-4)
     # the opening once (1 row), then the prefill: the 4 rows together, or one by one; then decoding all 4
     assert whole_calls[:2] == [1, 4] and chunked_calls[:6] == [1, 1, 1, 1, 1, 4]
+
+
+def test_a_cache_with_room_gives_what_concatenation_gives_and_grows_past_its_room(tiny_model_dir):
+    """Decoding with keys/values written into a preallocated buffer (room for 3 tokens, then 8 steps: it grows
+    twice) gives the logits and the cache of transformers' own cache, which concatenates."""
+    from transformers import AutoModelForCausalLM, DynamicCache
+
+    from agentloop.policy.kv import GrowingLayer, with_room
+    from agentloop.policy.models import output_cache
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    ids = torch.randint(0, 1000, (2, 12))
+    mask = torch.ones_like(ids)
+    mask[1, :4] = 0  # a left-padded row
+    with torch.inference_mode():
+        first = model(input_ids=ids, attention_mask=mask, use_cache=True)
+        kv = [(lay.keys, lay.values) for lay in output_cache(first).layers]
+        plain, grown = DynamicCache(ddp_cache_data=kv), with_room(DynamicCache(ddp_cache_data=kv), 3)
+        assert all(isinstance(lay, GrowingLayer) for lay in grown.layers)
+        tok = first.logits[:, -1].argmax(-1, keepdim=True)
+        pos = mask.sum(dim=1, keepdim=True)
+        for _ in range(8):
+            mask = torch.cat([mask, torch.ones((2, 1), dtype=mask.dtype)], dim=-1)
+            a = model(input_ids=tok, attention_mask=mask, position_ids=pos, cache=plain, use_cache=True)
+            b = model(input_ids=tok, attention_mask=mask, position_ids=pos, cache=grown, use_cache=True)
+            torch.testing.assert_close(a.logits, b.logits)
+            plain, grown = output_cache(a), output_cache(b)
+            tok, pos = a.logits[:, -1].argmax(-1, keepdim=True), pos + 1
+        assert grown.get_seq_length() == plain.get_seq_length() == 20
+        for p_lay, g_lay in zip(plain.layers, grown.layers, strict=True):
+            torch.testing.assert_close(g_lay.keys, p_lay.keys)
+            torch.testing.assert_close(g_lay.values, p_lay.values)
