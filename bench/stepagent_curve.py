@@ -744,6 +744,9 @@ def finding(arms: dict[str, dict[str, Any]], start: dict[str, Any] | None, resul
             f"{fmt(result['arms'][best_step]['final_agreement'])} % vs SFT alone's "
             f"{fmt(result['arms']['sft']['final_agreement'])} % ({result['agreement_gain']:+.1f} points)."
         )
+    if all(s["final_dev_tgc"] is None for s in result["arms"].values()):
+        parts.append("No arm's final dev TGC is measured yet (each arm's dev evaluation is deferred).")
+        return " ".join(parts)
     finals = "; ".join(f"{LABELS[a]} {fmt(s['final_dev_tgc'])}" for a, s in result["arms"].items())
     tied = [a for a, s in result["arms"].items() if s["final_dev_tgc"] == result["best_dev_tgc"]]
     best = (
