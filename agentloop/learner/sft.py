@@ -97,6 +97,28 @@ def micro_batches(rollouts: Sequence[Rollout], micro_tokens: int, shared: bool =
     return groups
 
 
+def run_steps(
+    trainer: Trainer, i: int, rollouts: Sequence[Rollout], sequence_loss: SequenceLoss | None = None
+) -> list[float]:
+    """Iteration i's `sft_steps` supervised steps of `sft_batch_size` experts with the trainer's optimizer and
+    settings (SFT alone, and StepAgent's greedy reflection with its `sequence_loss`)."""
+    c = trainer.config
+    return supervised_steps(
+        trainer.model,
+        rollouts,
+        trainer.pad_id,
+        c.sft_steps,
+        c.lr,
+        batch_size=c.sft_batch_size,
+        seed=trainer.rng.randrange(2**31),
+        chunk=c.logprob_chunk,
+        micro_tokens=c.micro_tokens,
+        optimizer=trainer.optimizer,
+        between_steps=lambda n: trainer.safe_point(f"in iteration {i}, after supervised step {n}"),
+        sequence_loss=sequence_loss,
+    )
+
+
 class SftTrainer(Trainer):
     """sft: supervised steps on experts drawn fresh each iteration (oracles of procedural train tasks,
     demonstrations, successful client episodes)."""
@@ -111,19 +133,7 @@ class SftTrainer(Trainer):
             return {"iteration": i, "experts": 0.0, **counts}
         self.report({"phase": "updating", "iteration": i, "experts": len(rollouts), "steps": c.sft_steps})
         t1 = time.perf_counter()
-        losses = supervised_steps(
-            self.model,
-            rollouts,
-            self.pad_id,
-            c.sft_steps,
-            c.lr,
-            batch_size=c.sft_batch_size,
-            seed=self.rng.randrange(2**31),
-            chunk=c.logprob_chunk,
-            micro_tokens=c.micro_tokens,
-            optimizer=self.optimizer,
-            between_steps=lambda n: self.safe_point(f"in iteration {i}, after supervised step {n}"),
-        )
+        losses = run_steps(self, i, rollouts)
         self.policy.clear_cache()
         tokens = sum(len(r.token_ids) for r in rollouts) * c.sft_steps * c.sft_batch_size / len(rollouts)
         update_s = time.perf_counter() - t1

@@ -20,7 +20,7 @@ import contextlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import torch
 
@@ -29,7 +29,7 @@ from agentloop.learner import stepagent
 from agentloop.learner.experts import ExpertStep, expert_steps
 from agentloop.learner.loop import LossStats, decoder_hidden, greedy_tokens, logprobs_from_hidden, sequence_logprobs
 from agentloop.learner.rollouts import Rollout
-from agentloop.learner.sft import supervised_steps
+from agentloop.learner.sft import run_steps
 from agentloop.learner.trainer import Trainer
 from agentloop.learner.update import Batch, collate
 from agentloop.policy.base import GenerationRequest
@@ -80,7 +80,7 @@ def greedy_dpo_loss(
     chunk: int,
     beta: float,
     anchor_weight: float,
-    reference: str,
+    reference: Literal["base", "cycle"],
     tally: GreedyTally | None = None,
 ) -> torch.Tensor:
     """Each expert sequence's loss (B,) under greedy inspection (stepagent.py): alpha * -mean log pi(y*_j) over
@@ -289,20 +289,7 @@ class StepAgentTrainer(Trainer):
         def sequence_loss(model: Any, batch: Batch, chunk: int) -> torch.Tensor:
             return greedy_dpo_loss(model, batch, chunk, c.dpo_beta, c.dpo_anchor, c.dpo_reference, tally)
 
-        losses = supervised_steps(
-            self.model,
-            rollouts,
-            self.pad_id,
-            c.sft_steps,
-            c.lr,
-            batch_size=c.sft_batch_size,
-            seed=self.rng.randrange(2**31),
-            chunk=c.logprob_chunk,
-            micro_tokens=c.micro_tokens,
-            optimizer=self.optimizer,
-            between_steps=lambda n: self.safe_point(f"in iteration {i}, after a reflection step"),
-            sequence_loss=sequence_loss,
-        )
+        losses = run_steps(self, i, rollouts, sequence_loss)
         agree = tally.agreeing / max(tally.steps, 1)
         return {
             "experts": float(len(rollouts)),

@@ -223,8 +223,9 @@ class LocalPolicy:
         next_pos = torch.tensor([[len(r.context)] for r in reqs], device=device)  # (B, 1)
         from agentloop.policy.kv import with_room
 
-        cache = with_room(cache, max(r.max_new_tokens for r in reqs))  # a step writes its slot, copies nothing
-        tokens = torch.empty((B, max(r.max_new_tokens for r in reqs)), dtype=torch.long, device=device)
+        longest = max(r.max_new_tokens for r in reqs)
+        cache = with_room(cache, longest)  # a step writes its slot, copies nothing
+        tokens = torch.empty((B, longest), dtype=torch.long, device=device)
         logprobs = torch.zeros(tokens.shape, dtype=torch.float32, device=device)
         done = torch.zeros(B, dtype=torch.bool, device=device)
         stop = torch.tensor(sorted(self.stop_ids), device=device)
