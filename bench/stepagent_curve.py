@@ -916,7 +916,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--irl-anchor", type=float, default=None, help="stepagent-irl: SFT anchor weight")
     ap.add_argument("--step-omega", type=float, default=None, help="loop+step: omega (default: preset)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--plot", type=Path, default=DEFAULT_PLOT, help=f"PNG to write (default {DEFAULT_PLOT})")
+    ap.add_argument(
+        "--plot",
+        type=Path,
+        default=None,
+        help=f"PNG to write (default: {DEFAULT_PLOT} with --write-docs, else stepagent_curve.png in DIR)",
+    )
     ap.add_argument("--json", action="store_true", help="print only the JSON object")
     ap.add_argument("--write-docs", action="store_true", help="update docs/benchmarks.md's stepagent_curve section")
     args = ap.parse_args(argv)
@@ -942,6 +947,8 @@ def main() -> None:
     results.mkdir(parents=True, exist_ok=True)
     model_dir = resolve_model_dir(args.model or settings_now.model, settings_now.models_dir)
     settings = bench_settings(args, model_dir.name)
+    if args.plot is None:  # only a run that writes the docs replaces their figure
+        args.plot = DEFAULT_PLOT if args.write_docs else results / "stepagent_curve.png"
 
     if not args.merge:
         progress(f"model {model_dir}; results {results}; arms {', '.join(args.arm_list)}; {args.budget_s:g} s each")
