@@ -1,8 +1,13 @@
-"""Tool-call actions: rendered and parsed here and nowhere else.
+"""Actions: rendered and parsed here and nowhere else, one action space per kind of world.
 
-The agent writes one call per turn:
+Tool calls (apps with APIs: the built-in world, external apps). The agent writes one call per turn:
     <tool_call>{"app": "notes", "api": "login", "args": {"username": "...", "password": "..."}}</tool_call>
 A bare JSON object with "app" and "api" is accepted too (small models often drop the tags).
+
+Text commands (a text world such as ScienceWorld). The agent writes one command per turn, e.g.
+    open door to kitchen
+Inside the episode, the store and training a command is a call like any other: the world's command app,
+API `act`, argument `command` (its text, normalised), so nothing downstream knows which space ran.
 """
 
 from __future__ import annotations
@@ -10,7 +15,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from agentloop.apps.tasks import ToolCall
 
@@ -20,6 +25,17 @@ _TAGGED = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
 
 def render_action(call: ToolCall) -> str:
     return f"{OPEN}{json.dumps(call.to_dict(), ensure_ascii=False)}{CLOSE}"
+
+
+def render_observation(call: ToolCall | None, ok: bool, value: Any) -> str:
+    """What the agent sees after its action: the API's return value, or a plain error."""
+    if call is None:
+        return f"Error: {value}"
+    name = f"{call.app}.{call.api}"
+    if not ok:
+        return f"Error from {name}: {value}"
+    body = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, indent=1)
+    return f"{name} returned:\n{body}"
 
 
 @dataclass
@@ -83,3 +99,70 @@ def parse_action(text: str) -> ParsedTurn:
             return ParsedTurn(actions=calls, error=call)
         calls.append(call)
     return ParsedTurn(actions=calls)
+
+
+class ActionSpace(Protocol):
+    """How an agent's text becomes actions and an action becomes text, for one kind of world."""
+
+    def render(self, call: ToolCall) -> str: ...
+
+    def parse(self, text: str) -> ParsedTurn: ...
+
+    def observe(self, call: ToolCall | None, ok: bool, value: Any) -> str:
+        """What the agent sees after its action: the result, or a plain error (call None: nothing parsed)."""
+        ...
+
+
+class ToolCalls:
+    def render(self, call: ToolCall) -> str:
+        return render_action(call)
+
+    def parse(self, text: str) -> ParsedTurn:
+        return parse_action(text)
+
+    def observe(self, call: ToolCall | None, ok: bool, value: Any) -> str:
+        return render_observation(call, ok, value)
+
+
+TOOL_CALLS = ToolCalls()
+COMMAND_API = "act"  # a text world's one API: act(command)
+COMMAND_MAX_CHARS = 200  # a command is a short line; a longer reply is not one
+# what small models put around a command: a prompt marker, a label, quotes or backticks
+_COMMAND_DECOR = re.compile(r"^(?:>\s*|(?:action|command)\s*:\s*)", re.IGNORECASE)
+
+
+def normalise_command(text: str) -> str:
+    """A command as the world compares it: lower case, single spaces, no surrounding quotes or marks."""
+    line = _COMMAND_DECOR.sub("", text.strip()).strip().strip("`\"'").strip()
+    return " ".join(line.lower().split()).rstrip(".")
+
+
+@dataclass(frozen=True)
+class TextCommands:
+    """One command per turn, run as `<app>.act(command=...)`: the first non-empty line of the reply."""
+
+    app: str
+
+    def render(self, call: ToolCall) -> str:
+        return str(call.args.get("command", ""))
+
+    def parse(self, text: str) -> ParsedTurn:
+        lines = [line for line in text.splitlines() if line.strip()]
+        command = normalise_command(lines[0]) if lines else ""
+        if not command:
+            return ParsedTurn(error="Your reply has no command. Reply with one command on one line, e.g. look around")
+        if len(command) > COMMAND_MAX_CHARS:
+            return ParsedTurn(
+                error=f"A command is one short line (at most {COMMAND_MAX_CHARS} characters); yours is "
+                f"{len(command)}. Reply with one command, e.g. look around"
+            )
+        return ParsedTurn(actions=[ToolCall(self.app, COMMAND_API, {"command": command})])
+
+    def observe(self, call: ToolCall | None, ok: bool, value: Any) -> str:
+        """The world's own text: a text world answers a command it cannot run in words, as an observation."""
+        return str(value) if ok else f"Error: {value}"
+
+
+def action_space(commands_app: str | None) -> ActionSpace:
+    """The action space of a world whose text commands go to `commands_app` (None: a world of tool calls)."""
+    return TOOL_CALLS if commands_app is None else TextCommands(commands_app)

@@ -12,15 +12,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentloop.agent.actions import parse_action
-from agentloop.agent.prompt import (
-    ChatFormat,
-    example_messages,
-    render_observation,
-    render_system,
-    render_task,
-    world_prompt,
-)
+from agentloop.agent.actions import action_space
+from agentloop.agent.prompt import ChatFormat, example_messages, render_system, render_task, world_prompt
 from agentloop.apps.base import ApiError
 from agentloop.apps.tasks import ToolCall
 from agentloop.apps.world import World
@@ -87,7 +80,7 @@ class Episode:
     def __post_init__(self) -> None:
         parts = world_prompt(self.world)  # once per episode (an app's worked example is fetched here)
         self.prompt_token_ids = self.fmt.opening(
-            render_system(parts),
+            render_system(self.world, parts),
             render_task(self.world, parts, self.instruction),
             example_messages(self.world, parts),
         )
@@ -130,17 +123,18 @@ class Episode:
         """Apply one sampled turn: run its action against the world and append the observation."""
         prompt_len = len(self.context)
         t0 = time.perf_counter()
-        parsed = parse_action(gen.text)
+        space = action_space(self.world.commands)
+        parsed = space.parse(gen.text)
         call: ToolCall | None = parsed.actions[0] if parsed.actions else None
         error_kind: str | None = None
         if call is None:
-            observation, error_kind = render_observation(None, False, parsed.error), "parse_error"
+            observation, error_kind = space.observe(None, False, parsed.error), "parse_error"
         else:
             try:
                 value = self.world.call(call.app, call.api, call.args)
-                observation = render_observation(call, True, value)
+                observation = space.observe(call, True, value)
             except ApiError as exc:
-                observation, error_kind = render_observation(call, False, f"{exc.status}: {exc.message}"), exc.kind
+                observation, error_kind = space.observe(call, False, f"{exc.status}: {exc.message}"), exc.kind
             if len(parsed.actions) > 1:
                 observation += (
                     f"\n[Note: your reply had {len(parsed.actions)} tool calls; only the first was run. "

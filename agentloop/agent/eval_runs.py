@@ -10,6 +10,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from agentloop.agent.actions import action_space
 from agentloop.agent.episode import Episode
 from agentloop.agent.evaluate import EpisodeResult, EvalTask
 from agentloop.agent.external_episode import NotAnEnvironment, start_external_episode
@@ -139,7 +140,7 @@ def oracle_preparer(policy: Any) -> Callable[[Episode, EvalTask], None]:
         if task.expert is None:
             raise ValueError(f"task {task.task_ref} has no oracle solution")
         assert ep.key is not None
-        policy.plan_actions(ep.key, task.expert())
+        policy.plan_actions(ep.key, task.expert(), action_space(ep.world.commands))
 
     return prepare
 

@@ -7,17 +7,17 @@ The opening prompt is composed from the world: its provider's persona, conventio
 parts of `apps/world_prompt.py`. The system prompt and the worked example say nothing about one task, so
 every episode of a world opens with the same tokens (the learner runs that shared opening once per batch,
 a server can cache it); the task's message lists its apps, each with an index of its APIs and their
-parameters, then the provider's preamble and the instruction."""
+parameters, then the provider's preamble and the instruction. A text world (`World.commands`) has no apps to
+list: its prompt says how to write a command, its provider's conventions name the commands it takes, and the
+task's message is the preamble (where the episode starts) and the instruction."""
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any
 
-from agentloop.agent.actions import render_action
+from agentloop.agent.actions import action_space, render_action, render_observation
 from agentloop.apps.api_doc import api_index, one_line, text_size
 from agentloop.apps.base import AppSpec
 from agentloop.apps.tasks import ToolCall
@@ -57,10 +57,28 @@ TASK = """Apps you can use:
 
 {preamble}Task: {instruction}"""
 
+# a text world (`World.commands`): no apps and no calls; its conventions list the commands it takes
+COMMAND_SYSTEM = """{persona}
+
+Each turn, reply with exactly one command on one line, like this:
+{example_command}
+What happens comes back in the next message. Then write the next command.
+
+Rules:
+{rules}
+
+The first task below is a worked example; the real task comes after it."""
+
+COMMAND_TASK = """{preamble}Task: {instruction}"""
+
 
 def world_prompt(world: World) -> WorldPrompt:
     """The parts this episode's prompt is made of: the provider's while the task uses one of the world's
     own apps (or no attached app), else the neutral ones with the first app's own worked example."""
+    if world.commands is not None:
+        if world.prompt is None:
+            raise ValueError(f"world {world.name!r} takes text commands but supplies no prompt (World.prompt)")
+        return world.prompt(world)
     own = [a for a in world.available if a not in ALWAYS_AVAILABLE and a not in world.attached]
     if world.prompt is not None and (own or not world.attached):
         return world.prompt(world)
@@ -82,8 +100,14 @@ def app_example(world: World) -> WorkedExample | None:
     return None
 
 
-def render_system(parts: WorldPrompt) -> str:
+def render_system(world: World, parts: WorldPrompt) -> str:
     """The system prompt: the same for every task of a world (nothing in it names a task or its apps)."""
+    if world.commands is not None:
+        return COMMAND_SYSTEM.format(
+            persona=parts.persona,
+            example_command=action_space(world.commands).render(parts.first_call),
+            rules="\n".join(f"- {rule}" for rule in parts.conventions),
+        )
     return SYSTEM.format(
         persona=parts.persona,
         example_call=render_action(parts.first_call),
@@ -115,6 +139,13 @@ def example_messages(world: World, parts: WorldPrompt) -> list[dict[str, str]]:
     """The worked example as chat messages: the task (with the apps its calls use), then each call and
     what it returned."""
     example = parts.example
+    if world.commands is not None:
+        space = action_space(world.commands)
+        messages = [{"role": "user", "content": COMMAND_TASK.format(preamble="", instruction=example.instruction)}]
+        for step in example.steps:
+            messages.append({"role": "assistant", "content": space.render(step.call)})
+            messages.append({"role": "user", "content": space.observe(step.call, True, step.observation)})
+        return messages
     apps = list(dict.fromkeys(step.call.app for step in example.steps if step.call.app not in parts.unlisted_apps))
     task = TASK.format(apps=app_lines(world, apps, parts.example_apps), preamble="", instruction=example.instruction)
     messages = [{"role": "user", "content": task}]
@@ -125,19 +156,10 @@ def example_messages(world: World, parts: WorldPrompt) -> list[dict[str, str]]:
 
 
 def render_task(world: World, parts: WorldPrompt, instruction: str) -> str:
+    if world.commands is not None:
+        return COMMAND_TASK.format(preamble=parts.preamble, instruction=instruction)
     listed = [name for name in world.available if name not in parts.unlisted_apps]
     return TASK.format(apps=app_lines(world, listed), preamble=parts.preamble, instruction=instruction)
-
-
-def render_observation(call: ToolCall | None, ok: bool, value: Any) -> str:
-    """What the agent sees after its action: the API's return value, or a plain error."""
-    if call is None:
-        return f"Error: {value}"
-    name = f"{call.app}.{call.api}"
-    if not ok:
-        return f"Error from {name}: {value}"
-    body = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, indent=1)
-    return f"{name} returned:\n{body}"
 
 
 @dataclass

@@ -45,6 +45,8 @@ class World:
     _token_counter: int = 0
     prompt: PromptSource | None = None
     attached: list[str] = field(default_factory=list)  # apps attached after the provider built the world
+    # a text world: the app that takes the agent's text commands (`<app>.act(command)`); None: tool calls
+    commands: str | None = None
 
     def attach(self, spec: AppSpec) -> None:
         """Make one more app (an external one) available in this world; it keeps no state here."""

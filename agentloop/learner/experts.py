@@ -20,6 +20,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
+from agentloop.agent.actions import action_space
 from agentloop.agent.episode import Episode, Limits, run_episodes
 from agentloop.agent.evaluate import EvalTask
 from agentloop.agent.prompt import ChatFormat
@@ -43,6 +44,7 @@ class ExpertStep:
     prefix: list[int]
     action_tokens: list[int]
     call: ToolCall
+    commands: str | None = None  # a text world's command app: how an agent's action at this prefix parses
 
 
 def oracle_experts(source: TaskSource, n: int, rng: random.Random, procedural: bool) -> list[EvalTask]:
@@ -129,10 +131,13 @@ def expert_rollouts(tokenizer: Any, tasks: Sequence[EvalTask], limits: Limits) -
         world, _ = task.start()
         key = f"{task.task_ref}#{i}"  # a task may appear several times (e.g. with other demonstrations)
         ep = Episode(world, fmt, task.instruction, limits, key=key)
-        policy.plan_actions(key, task.expert())
+        policy.plan_actions(key, task.expert(), action_space(world.commands))
         episodes.append((task, ep))
     run_episodes(policy, [ep for _, ep in episodes])
-    return [build_rollout(t.task_ref, ep.prompt_token_ids, ep.turns, 1.0, True) for t, ep in episodes]
+    return [
+        replace(build_rollout(t.task_ref, ep.prompt_token_ids, ep.turns, 1.0, True), commands=ep.world.commands)
+        for t, ep in episodes
+    ]
 
 
 def expert_steps(rollout: Rollout) -> list[ExpertStep]:
@@ -145,7 +150,14 @@ def expert_steps(rollout: Rollout) -> list[ExpertStep]:
             starts.setdefault(turn, pos)
             ends[turn] = pos + 1
     return [
-        ExpertStep(rollout.task_ref, t, rollout.token_ids[: starts[t]], rollout.token_ids[starts[t] : ends[t]], call)
+        ExpertStep(
+            rollout.task_ref,
+            t,
+            rollout.token_ids[: starts[t]],
+            rollout.token_ids[starts[t] : ends[t]],
+            call,
+            rollout.commands,
+        )
         for t, call in enumerate(rollout.actions)
         if call is not None and t in starts
     ]

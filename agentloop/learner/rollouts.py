@@ -42,6 +42,7 @@ class Rollout:
     success: bool
     episode_id: str | None = None
     actions: list[ToolCall | None] | None = None  # each turn's parsed call (None: none parsed); where known
+    commands: str | None = None  # a text world's command app (`World.commands`): how its turns parse
 
     @property
     def agent_tokens(self) -> int:
@@ -91,7 +92,10 @@ def _call(action: Any) -> ToolCall | None:
 
 def from_result(result: EpisodeResult, episode_id: str | None = None) -> Rollout:
     ep = result.episode
-    return build_rollout(result.task.task_ref, ep.prompt_token_ids, ep.turns, result.reward, result.success, episode_id)
+    task_ref = result.task.task_ref
+    rollout = build_rollout(task_ref, ep.prompt_token_ids, ep.turns, result.reward, result.success, episode_id)
+    rollout.commands = ep.world.commands
+    return rollout
 
 
 def sample_tasks(tasks: Sequence[EvalTask], n: int, rng: random.Random) -> list[EvalTask]:

@@ -24,7 +24,7 @@ from typing import Any, Literal, TypeVar
 
 import torch
 
-from agentloop.agent.actions import parse_action
+from agentloop.agent.actions import action_space
 from agentloop.learner import stepagent
 from agentloop.learner.experts import ExpertStep, expert_steps
 from agentloop.learner.loop import LossStats, decoder_hidden, greedy_tokens, logprobs_from_hidden, sequence_logprobs
@@ -202,7 +202,8 @@ class StepAgentTrainer(Trainer):
         M = c.inspect_samples
         for k, step in enumerate(steps):
             group = gens[k * M : (k + 1) * M]
-            turns = [parse_action(g.text) for g in group]
+            space = action_space(step.commands)
+            turns = [space.parse(g.text) for g in group]
             out.append(
                 Inspected(
                     step,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 
-from agentloop.agent.actions import render_action
+from agentloop.agent.actions import TOOL_CALLS, ActionSpace, render_action
 from agentloop.apps.builtin import BUILTIN
 from agentloop.apps.tasks import ToolCall, run_oracle
 from agentloop.policy.base import Generation, GenerationRequest, Tokenizer
@@ -27,8 +27,8 @@ class ScriptedPolicy:
         self._plans[key] = list(turns)
         self._turn[key] = 0
 
-    def plan_actions(self, key: str, actions: Sequence[ToolCall]) -> None:
-        self.plan(key, [render_action(a) for a in actions])
+    def plan_actions(self, key: str, actions: Sequence[ToolCall], space: ActionSpace = TOOL_CALLS) -> None:
+        self.plan(key, [space.render(a) for a in actions])
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
         out = []
