@@ -63,8 +63,12 @@ def eval_task(provider: WorldProvider, spec: TaskSpec) -> EvalTask:
     def start() -> tuple[World, Any]:
         return provider.task_world(spec.id), spec.evaluator
 
-    def expert() -> list[ToolCall]:
-        return run_oracle(spec, provider.task_world(spec.id)).actions
+    def expert(world: World) -> list[ToolCall]:
+        scratch = world.scratch_copy()
+        try:
+            return run_oracle(spec, scratch).actions
+        finally:
+            scratch.close()
 
     return EvalTask(
         task_ref=spec.id,
@@ -140,7 +144,7 @@ def oracle_preparer(policy: Any) -> Callable[[Episode, EvalTask], None]:
         if task.expert is None:
             raise ValueError(f"task {task.task_ref} has no oracle solution")
         assert ep.key is not None
-        policy.plan_actions(ep.key, task.expert(), action_space(ep.world.commands))
+        policy.plan_actions(ep.key, task.expert(ep.world), action_space(ep.world.commands))
 
     return prepare
 

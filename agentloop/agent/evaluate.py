@@ -12,15 +12,11 @@ from typing import Any, Protocol, runtime_checkable
 from agentloop.agent.behaviour import behaviour
 from agentloop.agent.episode import Episode, Limits, run_episodes
 from agentloop.agent.prompt import ChatFormat
-from agentloop.apps.evaluation import Verdict
+from agentloop.apps.evaluation import Evaluator, Verdict
 from agentloop.apps.remote_env import EnvironmentFailure
 from agentloop.apps.tasks import ToolCall
 from agentloop.apps.world import World, WorldState
 from agentloop.policy.base import Policy
-
-
-class Evaluator(Protocol):
-    def evaluate(self, before: WorldState, after: WorldState, answer: str | None) -> Verdict: ...
 
 
 @runtime_checkable
@@ -40,7 +36,10 @@ class EvalTask:
     difficulty: int
     instruction: str
     start: Callable[[], tuple[World, Evaluator]]  # a fresh world in the task's initial state
-    expert: Callable[[], list[ToolCall]] | None = None  # the oracle's calls, where one exists
+    # the expert's calls for an episode that starts in the given world (left unchanged), where an expert exists:
+    # the oracle solves a scratch copy of it (a world whose setup varies from load to load, ScienceWorld's,
+    # has its solution generated with it)
+    expert: Callable[[World], list[ToolCall]] | None = None
 
 
 @dataclass
@@ -106,10 +105,13 @@ def run_eval(
                 results.append(result)
                 if on_result is not None:
                     on_result(result)
-        finally:  # ended however the batch did: external apps may free the episodes' state
+        finally:  # ended however the batch did: external apps and simulators may free the episodes' state
             for r in batch:
-                if isinstance(r.evaluator, Releasing):
-                    r.evaluator.release()
+                try:
+                    if isinstance(r.evaluator, Releasing):
+                        r.evaluator.release()
+                finally:
+                    r.episode.world.close()
     return results
 
 
@@ -157,16 +159,26 @@ def _block(results: Sequence[EpisodeResult]) -> dict[str, Any]:
     }
 
 
+def _scenario_block(results: Sequence[EpisodeResult]) -> dict[str, Any]:
+    return {
+        "tgc": round(tgc(results), 2),
+        "mean_reward": round(sum(r.reward for r in results) / len(results), 4),
+        "episodes": len(results),
+    }
+
+
 def summarize(results: Sequence[EpisodeResult]) -> dict[str, Any]:
-    """Overall, per split and per difficulty (over evaluated episodes only), plus how episodes ended and
-    how many could not be evaluated (`errors`)."""
+    """Overall, per split, per difficulty and per scenario (a ScienceWorld task type; over evaluated episodes
+    only), plus how episodes ended and how many could not be evaluated (`errors`)."""
     by_split: dict[str, list[EpisodeResult]] = defaultdict(list)
     by_difficulty: dict[int, list[EpisodeResult]] = defaultdict(list)
+    by_scenario: dict[str, list[EpisodeResult]] = defaultdict(list)
     finish: dict[str, int] = defaultdict(int)
     evaluated = scored(results)
     for r in evaluated:
         by_split[r.task.split].append(r)
         by_difficulty[r.task.difficulty].append(r)
+        by_scenario[r.task.scenario].append(r)
     for r in results:
         finish[r.episode.finish_reason or "unknown"] += 1
     return {
@@ -174,6 +186,7 @@ def summarize(results: Sequence[EpisodeResult]) -> dict[str, Any]:
         "errors": len(results) - len(evaluated),
         "splits": {s: _block(rs) for s, rs in sorted(by_split.items())},
         "difficulty": {str(d): _block(rs) for d, rs in sorted(by_difficulty.items())},
+        "by_scenario": {sc: _scenario_block(rs) for sc, rs in sorted(by_scenario.items())},
         "finish_reasons": dict(sorted(finish.items())),
         "mean_turns": round(sum(len(r.episode.turns) for r in results) / len(results), 2) if results else 0.0,
         "tokens_generated": sum(r.episode.tokens_generated for r in results),

@@ -232,9 +232,13 @@ def run_served_task(task_id: str, owner: str, policy: Policy, settings: Settings
 
 
 def _end_app_episode(prepared: Prepared) -> None:
-    """However the episode ended (finished, cancelled, failed, lost), the app may free its state."""
-    if prepared.external is not None:
-        prepared.external.environment.release()
+    """However the episode ended (finished, cancelled, failed, lost), the app may free its state, and so may
+    the world (a text world's simulator goes back to its pool)."""
+    try:
+        if prepared.external is not None:
+            prepared.external.environment.release()
+    finally:
+        prepared.world.close()
 
 
 def _run_pinned(

@@ -11,6 +11,7 @@ import hashlib
 import json
 from typing import Any
 
+from agentloop.apps.evaluation import StateEvaluator
 from agentloop.apps.registry import WorldProvider
 from agentloop.apps.tasks import TaskSpec, run_oracle
 
@@ -38,17 +39,21 @@ def _expected_answer(answer: Any) -> Any:
 def task_fingerprint(provider: WorldProvider, task: TaskSpec) -> dict[str, Any]:
     """Everything a task ref fixes, run once with the task's oracle."""
     world = provider.task_world(task.id)
-    before = world.copy_state()
-    initial = sha256(before)
-    run = run_oracle(task, world)
-    verdict = task.evaluator.evaluate(before, world.state, world.answer)
+    try:
+        before = world.copy_state()
+        initial = sha256(before)
+        run = run_oracle(task, world)
+        verdict = task.evaluator.evaluate(before, world.state, world.answer)
+    finally:
+        world.close()
+    judged = task.evaluator if isinstance(task.evaluator, StateEvaluator) else None  # else: the verdict says
     return {
         "task": task.id,
         "initial_state": initial,
         "instruction": task.instruction,
         "apps": list(task.apps),
-        "expectations": [[e.kind, e.app, e.table, e.key, e.describe()] for e in task.evaluator.expectations],
-        "expected_answer": _expected_answer(task.evaluator.answer),
+        "expectations": [[e.kind, e.app, e.table, e.key, e.describe()] for e in judged.expectations] if judged else [],
+        "expected_answer": _expected_answer(judged.answer) if judged else "<none>",
         "oracle_actions": [a.to_dict() for a in run.actions],
         "oracle_answer": run.answer,
         "final_state": sha256(world.state),

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from agentloop.apps.world import WorldState
 
@@ -189,6 +189,9 @@ class TestResult:
 @dataclass
 class Verdict:
     tests: list[TestResult]
+    # a world that grades with partial credit (ScienceWorld's 0-100 score) gives the reward itself, in [0, 1];
+    # None: the fraction of tests passed
+    score: float | None = None
 
     @property
     def passed(self) -> int:
@@ -200,6 +203,8 @@ class Verdict:
 
     @property
     def reward(self) -> float:
+        if self.score is not None:
+            return self.score
         return self.passed / self.total if self.total else 0.0
 
     @property
@@ -217,6 +222,12 @@ class Verdict:
 
 
 NO_ANSWER = object()
+
+
+class Evaluator(Protocol):
+    """Judges an episode from the world's state before and after it and the agent's answer."""
+
+    def evaluate(self, before: WorldState, after: WorldState, answer: str | None) -> Verdict: ...
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from agentloop.apps.base import ApiError
-from agentloop.apps.evaluation import NO_ANSWER, Expect, StateEvaluator
+from agentloop.apps.evaluation import NO_ANSWER, Evaluator, Expect
 from agentloop.apps.world import World
 
 T = TypeVar("T")
@@ -123,7 +123,7 @@ class TaskSpec:
     instruction: str
     apps: tuple[str, ...]
     seed: int
-    evaluator: StateEvaluator
+    evaluator: Evaluator
     oracle: Oracle
     world: str = "builtin"
 
@@ -157,9 +157,11 @@ class OracleRun:
 
 
 def run_oracle(task: TaskSpec, world: World) -> OracleRun:
-    """Solve the task on `world` with its oracle; ends with supervisor.complete_task like an agent."""
+    """Solve the task on `world` with its oracle; ends with supervisor.complete_task like an agent (a text
+    world ends when its last command completes the task)."""
     client = OracleClient(world)
     answer = task.oracle(client)
-    args = {} if answer is None else {"answer": answer}
-    client.call("supervisor", "complete_task", **args)
+    if world.commands is None:
+        args = {} if answer is None else {"answer": answer}
+        client.call("supervisor", "complete_task", **args)
     return OracleRun(client.actions, world.answer)

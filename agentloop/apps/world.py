@@ -102,6 +102,17 @@ class World:
         self.state[app]["_sessions"][token] = {"user": user}
         return token
 
+    def scratch_copy(self) -> World:
+        """A copy of this world for an oracle to solve its task in (the oracle calls APIs; the episode's world
+        must not change)."""
+        return World.from_snapshot(
+            self.name, self.seed, self.now, self.apps, list(self.available), self.snapshot(), self.prompt
+        )
+
+    def close(self) -> None:
+        """Free what the world holds outside this process (a text world's simulator); the episode has ended.
+        A world of app tables holds nothing: its state goes with the object."""
+
     # --- snapshots ---------------------------------------------------------------------------
     def snapshot(self) -> bytes:
         return pickle.dumps((self.state, self.answer, self.completed, self._token_counter))

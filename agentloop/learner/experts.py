@@ -26,6 +26,7 @@ from agentloop.agent.evaluate import EvalTask
 from agentloop.agent.prompt import ChatFormat
 from agentloop.apps.registry import WorldProvider
 from agentloop.apps.tasks import ToolCall
+from agentloop.apps.world import World
 from agentloop.learner.rollouts import Rollout, build_rollout, sample_tasks
 from agentloop.learner.task_source import TaskSource
 from agentloop.policy.scripted import ScriptedPolicy
@@ -115,8 +116,8 @@ def logged_experts(session: Session, source: TaskSource, tenant_id: str | None, 
     return out
 
 
-def _fixed(calls: list[ToolCall]) -> Callable[[], list[ToolCall]]:
-    return lambda: calls
+def _fixed(calls: list[ToolCall]) -> Callable[[World], list[ToolCall]]:
+    return lambda _world: calls
 
 
 def expert_rollouts(tokenizer: Any, tasks: Sequence[EvalTask], limits: Limits) -> list[Rollout]:
@@ -131,9 +132,13 @@ def expert_rollouts(tokenizer: Any, tasks: Sequence[EvalTask], limits: Limits) -
         world, _ = task.start()
         key = f"{task.task_ref}#{i}"  # a task may appear several times (e.g. with other demonstrations)
         ep = Episode(world, fmt, task.instruction, limits, key=key)
-        policy.plan_actions(key, task.expert(), action_space(world.commands))
+        policy.plan_actions(key, task.expert(world), action_space(world.commands))
         episodes.append((task, ep))
-    run_episodes(policy, [ep for _, ep in episodes])
+    try:
+        run_episodes(policy, [ep for _, ep in episodes])
+    finally:
+        for _, ep in episodes:
+            ep.world.close()
     return [
         replace(build_rollout(t.task_ref, ep.prompt_token_ids, ep.turns, 1.0, True), commands=ep.world.commands)
         for t, ep in episodes

@@ -308,7 +308,11 @@ class LoopTrainer(Trainer):
         task = self.sampled.get(task_ref)
         if task is None or task.expert is None:
             return None
-        return task.expert()
+        world, _ = task.start()
+        try:
+            return task.expert(world)
+        finally:
+            world.close()
 
     def old_logprobs(self, batch: list[rollouts.Rollout], others: set[int]) -> tuple[list[torch.Tensor] | None, float]:
         """pi_old for the update and the measured sampler/learner gap. None: the sampler's numbers.

@@ -118,7 +118,7 @@ def room_task() -> EvalTask:
         1,
         "Turn on the lamp.",
         start,
-        expert=lambda: [command("look around"), command("activate lamp")],
+        expert=lambda _world: [command("look around"), command("activate lamp")],
     )
 
 

@@ -173,7 +173,7 @@ def test_fresh_draws_the_same_tasks_from_the_same_rng_each_with_an_expert():
         assert scenario in TRAIN and 0 <= int(seed) < SEED_LIMIT and (t.scenario, t.split) == (scenario, "train")
         world, evaluator = t.start()
         before = world.copy_state()
-        actions = t.expert()
+        actions = t.expert(world)
         assert actions[-1].api == "complete_task"
         for call in actions:  # the expert's calls, made on the task's own fresh world
             world.call(call.app, call.api, call.args)

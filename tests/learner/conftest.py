@@ -57,7 +57,7 @@ def warm_start(tiny_model_dir, world, steps=WARM_START_STEPS):
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     tasks = world_tasks(world, "train")
-    wrong = [dataclasses.replace(t, expert=lambda: [ToolCall("lights", "turn_off", {})]) for t in tasks]
+    wrong = [dataclasses.replace(t, expert=lambda _world: [ToolCall("lights", "turn_off", {})]) for t in tasks]
     demos = expert_rollouts(tok, tasks + wrong * 4, Limits(max_turns=1))
     losses = supervised_steps(model, demos, tok.eos_token_id, steps=steps, lr=1e-2, batch_size=len(demos))
     assert losses[-1] < losses[0] / 4  # it learnt the two answers

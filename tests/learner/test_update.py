@@ -21,7 +21,7 @@ from tests.learner.lights_world import LightsWorld
 def _rollouts(tok):
     world = LightsWorld()
     task = world_tasks(world, "train")[0]
-    wrong = dataclasses.replace(task, expert=lambda: [ToolCall("lights", "turn_off", {})])
+    wrong = dataclasses.replace(task, expert=lambda _world: [ToolCall("lights", "turn_off", {})])
     return expert_rollouts(tok, [task, wrong], Limits(max_turns=1))
 
 
