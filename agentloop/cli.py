@@ -414,10 +414,13 @@ def world_stats(
         typer.echo(f"{key:>13}: {value}")
 
 
+SPLITS_HELP = "Built-in: train, dev, test_normal, test_challenge; scienceworld: train, dev, test."
+
+
 @world_app.command("tasks")
 def world_tasks(
     world: str = typer.Option("builtin", help="World name."),
-    split: str = typer.Option(None, help="Only this split (train, dev, test_normal, test_challenge)."),
+    split: str = typer.Option(None, help="Only this split. " + SPLITS_HELP),
     as_json: bool = typer.Option(False, "--json", help="One JSON object per line."),
 ) -> None:
     """List a world's tasks."""
@@ -434,7 +437,7 @@ def world_tasks(
 @world_app.command("digest")
 def world_digest_command(
     world: str = typer.Option("builtin", help="World name."),
-    split: str = typer.Option(None, help="Only this split (train, dev, test_normal, test_challenge)."),
+    split: str = typer.Option(None, help="Only this split. " + SPLITS_HELP),
     as_json: bool = typer.Option(False, "--json", help="One JSON object, with every task's digest."),
 ) -> None:
     """Digest of every task (initial state, instruction, expected outcome, oracle run and verdict): equal
@@ -454,7 +457,7 @@ def world_digest_command(
 @app.command("eval")
 def eval_command(
     world: str = typer.Option("builtin", help="World whose tasks to run."),
-    split: str = typer.Option("dev", help="Split to run (train, dev, test_normal, test_challenge)."),
+    split: str = typer.Option("dev", help="Split to run. " + SPLITS_HELP),
     policy: str = typer.Option("model", help="oracle, random, model, or model@<adapter name or directory>."),
     k: int = typer.Option(1, min=1, help="Episodes per task."),
     limit: int = typer.Option(None, min=1, help="Only the first N tasks of the split."),
