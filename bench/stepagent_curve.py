@@ -747,11 +747,15 @@ def finding(arms: dict[str, dict[str, Any]], start: dict[str, Any] | None, resul
     if all(s["final_dev_tgc"] is None for s in result["arms"].values()):
         parts.append("No arm's final dev TGC is measured yet (each arm's dev evaluation is deferred).")
         return " ".join(parts)
-    finals = "; ".join(f"{LABELS[a]} {fmt(s['final_dev_tgc'])}" for a, s in result["arms"].items())
-    tied = [a for a, s in result["arms"].items() if s["final_dev_tgc"] == result["best_dev_tgc"]]
+    measured = {a: s for a, s in result["arms"].items() if s["final_dev_tgc"] is not None}
+    finals = "; ".join(f"{LABELS[a]} {fmt(s['final_dev_tgc'])}" for a, s in measured.items())
+    deferred = [LABELS[a] for a in result["arms"] if a not in measured]
+    if deferred:
+        finals += f"; not measured yet (deferred): {', '.join(deferred)}"
+    tied = [a for a, s in measured.items() if s["final_dev_tgc"] == result["best_dev_tgc"]]
     best = (
-        f"all arms tie at {fmt(result['best_dev_tgc'])}"
-        if len(tied) == len(result["arms"]) > 1
+        f"all measured arms tie at {fmt(result['best_dev_tgc'])}"
+        if len(tied) == len(measured) > 1
         else f"best {LABELS[result['best_arm']]}"
         if result["best_arm"]
         else "no arm measured"
