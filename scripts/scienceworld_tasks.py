@@ -51,7 +51,7 @@ def main() -> None:
     else:
         raise SystemExit(f"the gold path of {args.example} does not complete it")
     sim.load(task_type, variation)
-    example = {"task": args.example, "instruction": sim.description(), "start": start, "steps": steps}
+    example = {"task": args.example, "instruction": sim.description(), "steps": steps}
     sim.close()
     data = {
         "scienceworld_version": version("scienceworld"),

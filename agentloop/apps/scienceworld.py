@@ -29,7 +29,7 @@ import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from functools import cached_property
+from functools import cache, cached_property
 from pathlib import Path
 from typing import Any
 
@@ -84,13 +84,11 @@ class Simulator:
         for noisy in ("scienceworld", "py4j"):  # a line per load, and per JVM gateway at exit
             logging.getLogger(noisy).setLevel(logging.WARNING)
         self.env = ScienceWorldEnv("", envStepLimit=ENV_STEP_LIMIT)
-        self.task: tuple[str, int] | None = None
         self.closed = False
 
     def load(self, task_type: str, variation: int, gold: bool = False) -> str:
         """Set the simulator to the variation's start; returns what the agent sees there (`look around`)."""
         self.env.load(task_type, variation, SIMPLIFICATIONS, generateGoldPath=gold)
-        self.task = (task_type, variation)
         observation, _, _ = self.step("look around")
         return observation
 
@@ -108,7 +106,6 @@ class Simulator:
 
     def variations(self, task_type: str) -> dict[str, list[int]]:
         self.env.load(task_type, 0, SIMPLIFICATIONS)
-        self.task = None
         return {
             "train": list(self.env.get_variations_train()),
             "dev": list(self.env.get_variations_dev()),
@@ -300,27 +297,19 @@ class Catalogue:
     example: WorkedExample
 
 
+@cache
 def _catalogue() -> Catalogue:
-    return _load_catalogue(str(TASKS_FILE))
-
-
-_CATALOGUES: dict[str, Catalogue] = {}
-
-
-def _load_catalogue(path: str) -> Catalogue:
-    if path not in _CATALOGUES:
-        data = json.loads(Path(path).read_text())
-        steps = tuple(
-            ExampleStep(ToolCall(NAME, COMMAND_API, {"command": s["command"]}), s["observation"])
-            for s in data["example"]["steps"]
-        )
-        _CATALOGUES[path] = Catalogue(
-            variations=data["variations"],
-            instructions=data["instructions"],
-            gold_steps=data["gold_steps"],
-            example=WorkedExample(data["example"]["instruction"], steps),
-        )
-    return _CATALOGUES[path]
+    data = json.loads(TASKS_FILE.read_text())
+    steps = tuple(
+        ExampleStep(ToolCall(NAME, COMMAND_API, {"command": s["command"]}), s["observation"])
+        for s in data["example"]["steps"]
+    )
+    return Catalogue(
+        variations=data["variations"],
+        instructions=data["instructions"],
+        gold_steps=data["gold_steps"],
+        example=WorkedExample(data["example"]["instruction"], steps),
+    )
 
 
 def split_ref(task_id: str) -> tuple[str, int]:

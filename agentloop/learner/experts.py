@@ -140,7 +140,7 @@ def expert_rollouts(tokenizer: Any, tasks: Sequence[EvalTask], limits: Limits) -
         for _, ep in episodes:
             ep.world.close()
     return [
-        replace(build_rollout(t.task_ref, ep.prompt_token_ids, ep.turns, 1.0, True), commands=ep.world.commands)
+        build_rollout(t.task_ref, ep.prompt_token_ids, ep.turns, 1.0, True, commands=ep.world.commands)
         for t, ep in episodes
     ]
 

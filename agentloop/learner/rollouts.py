@@ -56,6 +56,7 @@ def build_rollout(
     reward: float,
     success: bool,
     episode_id: str | None = None,
+    commands: str | None = None,
 ) -> Rollout:
     """From the opening prompt and the turns (agent Turns or stored Steps, which share these fields).
     The sequence ends with the last agent token: later observation tokens teach nothing."""
@@ -81,7 +82,7 @@ def build_rollout(
             turn_ids += [-1] * len(obs)
             logps += [0.0] * len(obs)
     actions = [_call(getattr(turn, "action", None)) for turn in turns]
-    return Rollout(task_ref, ids, mask, turn_ids, logps, reward, success, episode_id, actions)
+    return Rollout(task_ref, ids, mask, turn_ids, logps, reward, success, episode_id, actions, commands)
 
 
 def _call(action: Any) -> ToolCall | None:
@@ -93,9 +94,9 @@ def _call(action: Any) -> ToolCall | None:
 def from_result(result: EpisodeResult, episode_id: str | None = None) -> Rollout:
     ep = result.episode
     task_ref = result.task.task_ref
-    rollout = build_rollout(task_ref, ep.prompt_token_ids, ep.turns, result.reward, result.success, episode_id)
-    rollout.commands = ep.world.commands
-    return rollout
+    return build_rollout(
+        task_ref, ep.prompt_token_ids, ep.turns, result.reward, result.success, episode_id, ep.world.commands
+    )
 
 
 def sample_tasks(tasks: Sequence[EvalTask], n: int, rng: random.Random) -> list[EvalTask]:
