@@ -29,6 +29,18 @@ def service_missing(what: str, reason: str) -> None:
     pytest.skip(f"{what} unavailable ({reason}); start it or set AGENTLOOP_TEST_{what.upper()}_URL")
 
 
+@pytest.fixture(scope="session")
+def simulator_ready() -> None:
+    """ScienceWorld's simulator can start here (its package and a Java runtime)."""
+    from agentloop.apps.scienceworld import missing
+
+    reason = missing()
+    if reason is not None:
+        if REQUIRE_SERVICES:
+            pytest.fail(f"the ScienceWorld simulator is required (AGENTLOOP_REQUIRE_SERVICES=1), unavailable: {reason}")
+        pytest.skip(reason)
+
+
 # --- settings isolation ---------------------------------------------------------------------
 
 

@@ -17,18 +17,8 @@ from agentloop.apps.registry import get_world
 from agentloop.apps.tasks import ToolCall
 from agentloop.learner import experts
 from agentloop.policy.scripted import ScriptedPolicy
-from tests.conftest import REQUIRE_SERVICES
 
 WORLD = sw.ScienceWorld()
-
-
-@pytest.fixture(scope="module")
-def simulator_ready() -> None:
-    reason = sw.missing()
-    if reason is not None:
-        if REQUIRE_SERVICES:
-            pytest.fail(f"the ScienceWorld simulator is required here (AGENTLOOP_REQUIRE_SERVICES=1): {reason}")
-        pytest.skip(reason)
 
 
 def command(text: str) -> ToolCall:
