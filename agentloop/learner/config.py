@@ -36,6 +36,10 @@ class LoopConfig:
     world: str = field(
         default="builtin", metadata={"help": "world whose tasks are sampled (with `app`: the world it runs in)"}
     )
+    scenarios: tuple[str, ...] = field(
+        default=(),
+        metadata={"help": "train and evaluate on tasks of these scenarios only (ScienceWorld: task types); empty: all"},
+    )
     app: str | None = field(
         default=None,
         metadata={"help": "a registered resettable app whose tasks (of `splits`) are sampled instead of the world's"},
@@ -146,11 +150,14 @@ class LoopConfig:
     seed: int = field(default=0, metadata={"help": "task sampling and rollout seed"})
 
     def __post_init__(self) -> None:
+        named_scenarios = not isinstance(self.scenarios, str) and all(isinstance(x, str) and x for x in self.scenarios)
         self.splits = tuple(self.splits)
+        self.scenarios = tuple(self.scenarios) if named_scenarios else self.scenarios
         self.lora_targets = tuple(self.lora_targets)
         self.expert_sources = tuple(self.expert_sources)
         self.phases = tuple(self.phases)
-        problems = [
+        problems = [] if named_scenarios else [f"scenarios must be a list of scenario names (got {self.scenarios!r})"]
+        problems += [
             f"{name} must be one of {', '.join(map(repr, choices))} (got {getattr(self, name)!r})"
             for name, choices in CHOICES.items()
             if getattr(self, name) not in choices

@@ -46,6 +46,7 @@ class TaskSource:
     dev_set: str = ""  # where those come from: "<world>/<split>" or "app:<name>/<split>"
     app: str | None = None
     tenant_id: str | None = None  # the app's tenant
+    scenarios: tuple[str, ...] = ()  # `fresh` draws only these train scenarios (empty: any)
 
     @property
     def provider(self) -> WorldProvider:
@@ -63,7 +64,7 @@ class TaskSource:
         provider = None if self.app is not None else self.provider
         if not isinstance(provider, ProceduralWorld):
             return None
-        scenarios = provider.procedural_scenarios()
+        scenarios = [s for s in provider.procedural_scenarios() if not self.scenarios or s in self.scenarios]
         return (provider, scenarios) if scenarios else None
 
     def fresh(self, rng: random.Random, n: int) -> list[EvalTask]:
@@ -101,6 +102,21 @@ def _draw(provider: ProceduralWorld, scenario: str, rng: random.Random) -> TaskS
         f"scenario {scenario!r} of world {provider.name!r} could not be set up on {SEED_DRAWS} seeds in a row, "
         f"the last: {failures[-1]}"
     )
+
+
+def of_scenarios(tasks: list[EvalTask], scenarios: tuple[str, ...]) -> list[EvalTask]:
+    """The tasks of the named scenarios (all when none is named)."""
+    return [t for t in tasks if t.scenario in scenarios] if scenarios else tasks
+
+
+def check_scenarios(scenarios: tuple[str, ...], known: set[str], where: str) -> None:
+    """A scenario named that is not `known` is an error naming those that are."""
+    unknown = [s for s in scenarios if s not in known]
+    if unknown:
+        raise TaskSourceError(
+            f"{where} has no tasks of scenario(s) {', '.join(map(repr, unknown))}; its scenarios: "
+            + ", ".join(sorted(known))
+        )
 
 
 def find_app(session: Session, name: str, tenant_id: str | None) -> App:
@@ -148,20 +164,36 @@ def load_source(session: Session, config: LoopConfig, tenant_id: str | None, sec
     single tenant that registered one of that name)."""
     provider = _provider(config.world)
 
-    def world_split(split: str, limit: int | None = None) -> list[EvalTask]:
+    def world_split(split: str, limit: int | None = None, scenarios: tuple[str, ...] = ()) -> list[EvalTask]:
         try:
-            return world_tasks(provider, split, limit)
+            return of_scenarios(world_tasks(provider, split), scenarios)[:limit]
         except ValueError as exc:
             raise TaskSourceError(str(exc)) from None
 
     if config.app is None:
-        train = [t for split in config.splits for t in world_split(split)]
+        if config.scenarios:  # named in any split: the built-in world's dev scenarios are not its train ones
+            check_scenarios(config.scenarios, {t.scenario_id for t in provider.tasks()}, f"world {provider.name!r}")
+        train = [t for split in config.splits for t in world_split(split, scenarios=config.scenarios)]
         measured = config.promote or config.agreement_prefixes > 0  # agreement is measured at dev oracle prefixes
-        dev = world_split(config.dev_split, config.dev_limit) if measured else []
-        return TaskSource(provider.name, train, dev, f"{provider.name}/{config.dev_split}")
+        dev = world_split(config.dev_split, config.dev_limit, config.scenarios) if measured else []
+        dev_set = f"{provider.name}/{config.dev_split}"
+        source = TaskSource(provider.name, train, dev, dev_set, scenarios=config.scenarios)
+        if not train and not (config.procedural and source.procedural):
+            raise TaskSourceError(
+                f"world {provider.name!r} has no tasks of scenario(s) {', '.join(config.scenarios)} in split(s) "
+                f"{', '.join(config.splits)}"
+            )
+        if measured and not dev:
+            raise TaskSourceError(
+                f"world {provider.name!r} has no {config.dev_split} tasks of scenario(s) {', '.join(config.scenarios)} "
+                "to measure on: name one that has, or turn promotion and agreement off"
+            )
+        return source
     row = find_app(session, config.app, tenant_id)
     app = _external(row, secret_key)
     offered = _app_tasks(app, provider)
+    check_scenarios(config.scenarios, {t.scenario for t in offered}, f"app {app.name!r}")
+    offered = of_scenarios(offered, config.scenarios)
     train = [t for t in offered if t.split in config.splits]
     if not train:
         splits = ", ".join(sorted({t.split for t in offered})) or "none: it lists no tasks"

@@ -200,3 +200,27 @@ def test_fresh_refuses_sources_without_procedural_tasks(monkeypatch):
     assert not toy_source.procedural
     with pytest.raises(TaskSourceError, match="'toy' has no procedural tasks"):
         toy_source.fresh(random.Random(0), 1)
+
+
+def test_a_run_named_scenarios_trains_and_measures_on_those_only():
+    from agentloop.learner.config import LoopConfig
+    from agentloop.learner.task_source import load_source
+
+    train, dev = TRAIN[:2], HELD_OUT["dev"]
+    config = LoopConfig(scenarios=[*train, dev], procedural=False)
+    assert config.scenarios == (*train, dev)
+    source = load_source(None, config, None, "unused")
+    assert source.train and {t.scenario for t in source.train} == set(train)
+    assert {t.scenario for t in source.dev} == {dev}
+    # procedural draws keep to the named train scenarios too
+    assert {t.scenario for t in source.fresh(random.Random(0), 12)} == set(train)
+    assert len(load_source(None, LoopConfig(scenarios=[*train, dev], dev_limit=1), None, "unused").dev) == 1
+
+    with pytest.raises(TaskSourceError, match=r"no tasks of scenario\(s\) 'bake_bread'; its scenarios: "):
+        load_source(None, LoopConfig(scenarios=[train[0], "bake_bread"]), None, "unused")
+    with pytest.raises(TaskSourceError, match=r"no dev tasks of scenario\(s\)"):
+        load_source(None, LoopConfig(scenarios=[train[0]]), None, "unused")
+    with pytest.raises(TaskSourceError, match=r"no tasks of scenario\(s\) .* in split\(s\) train"):
+        load_source(None, LoopConfig(scenarios=[dev], procedural=False), None, "unused")
+    with pytest.raises(ValueError, match="scenarios must be a list of scenario names"):
+        LoopConfig(scenarios=train[0])
