@@ -55,7 +55,7 @@ def advantages_for(
         if expert is None or any(r.actions is None for r in group):
             kept += [(r, a) for r, a in zip(group, advs, strict=True) if abs(a) >= config.adv_threshold]
             continue
-        steps = turn_step_advantages([turn_rewards(r.actions or [], expert) for r in group])
+        steps = turn_step_advantages([turn_rewards(r.actions or [], expert, r.commands is not None) for r in group])
         for r, a, step in zip(group, advs, steps, strict=True):
             per_turn = combined_advantages(a, step, config.step_omega)
             if any(abs(x) >= config.adv_threshold for x in per_turn):
@@ -264,7 +264,7 @@ class LoopTrainer(Trainer):
                 if expert is not None
                 for r in group
                 if r.actions is not None
-                for x in turn_rewards(r.actions, expert)
+                for x in turn_rewards(r.actions, expert, r.commands is not None)
             ]
             metrics["step_reward/mean"] = sum(step_rewards) / max(len(step_rewards), 1)
         if kept:

@@ -32,6 +32,7 @@ leave-one-out advantage (over the K rollouts of the task) of the turn's comparis
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -45,6 +46,8 @@ from agentloop.learner.loop import LossStats, RatioLevel, ppo_clip_loss
 # --- comparing an action with the expert's ---------------------------------------------------------
 
 APP_WEIGHT, API_WEIGHT, ARGS_WEIGHT = 0.25, 0.25, 0.5  # a right app and API earn half, the arguments the rest
+# a text world's command that is not the expert's: at most this, times the share of words the two have in common
+COMMAND_WORDS_WEIGHT = 0.75
 
 
 def normalise(value: Any) -> Any:
@@ -78,10 +81,27 @@ def argument_agreement(args: dict[str, Any], expert_args: dict[str, Any]) -> flo
     return same / len(names)
 
 
-def action_reward(action: ToolCall | None, expert: ToolCall) -> float:
+def command_reward(command: str, expert: str) -> float:
+    """A text command against the expert's: 1.0 when they are the same after normalisation; else
+    COMMAND_WORDS_WEIGHT times the F1 of their words ('go to hallway' for 'go to kitchen': 0.5; the right words
+    in another order, 'move b to a' for 'move a to b': 0.75; another verb and object: 0)."""
+    mine, theirs = str(normalise(command)).split(), str(normalise(expert)).split()
+    if mine == theirs:
+        return 1.0
+    common = sum((Counter(mine) & Counter(theirs)).values())
+    if not common:
+        return 0.0
+    precision, recall = common / len(mine), common / len(theirs)
+    return COMMAND_WORDS_WEIGHT * 2 * precision * recall / (precision + recall)
+
+
+def action_reward(action: ToolCall | None, expert: ToolCall, text: bool = False) -> float:
     """The step reward of an agent action against the expert's, in [0, 1]: 0 for no parseable call or another
     app; APP_WEIGHT for the app alone; + API_WEIGHT for the API; + ARGS_WEIGHT times the argument agreement.
-    1.0 exactly when the calls are the same after normalisation."""
+    1.0 exactly when the calls are the same after normalisation. `text`: actions of a text world, one command
+    each (`agent/actions.py`), compared by `command_reward` (every command is a call of the same app and API)."""
+    if text:
+        return command_reward(str(action.args.get("command", "")), str(expert.args["command"])) if action else 0.0
     if action is None or action.app.strip().casefold() != expert.app.strip().casefold():
         return 0.0
     if action.api.strip().casefold() != expert.api.strip().casefold():
@@ -94,16 +114,16 @@ def agrees(action: ToolCall | None, expert: ToolCall) -> bool:
     return action_reward(action, expert) == 1.0
 
 
-def turn_rewards(actions: Sequence[ToolCall | None], expert: Sequence[ToolCall]) -> list[float]:
+def turn_rewards(actions: Sequence[ToolCall | None], expert: Sequence[ToolCall], text: bool = False) -> list[float]:
     """Step rewards of an agent's own trajectory against an expert trajectory of the same task: each turn is
     compared with the expert's next action not yet matched (a turn that matches it moves the pointer on), so
-    an extra look-up costs that turn's reward and not the rest of the trajectory's."""
+    an extra look-up costs that turn's reward and not the rest of the trajectory's. `text`: see action_reward."""
     rewards, j = [], 0
     for action in actions:
         if j >= len(expert):
             rewards.append(0.0)  # the expert was done: any further call is one too many
             continue
-        r = action_reward(action, expert[j])
+        r = action_reward(action, expert[j], text)
         rewards.append(r)
         if r == 1.0:
             j += 1

@@ -202,14 +202,14 @@ class StepAgentTrainer(Trainer):
         M = c.inspect_samples
         for k, step in enumerate(steps):
             group = gens[k * M : (k + 1) * M]
-            space = action_space(step.commands)
+            space, text = action_space(step.commands), step.commands is not None
             turns = [space.parse(g.text) for g in group]
             out.append(
                 Inspected(
                     step,
                     [g.token_ids for g in group],
                     [list(g.logprobs or []) for g in group],
-                    [stepagent.action_reward(t.actions[0] if t.actions else None, step.call) for t in turns],
+                    [stepagent.action_reward(t.actions[0] if t.actions else None, step.call, text) for t in turns],
                     [not t.error and len(t.actions) == 1 for t in turns],
                 )
             )

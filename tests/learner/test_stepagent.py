@@ -13,6 +13,7 @@ from agentloop.learner.stepagent import (
     action_reward,
     agrees,
     combined_advantages,
+    command_reward,
     discriminator_loss,
     discriminator_rewards,
     dpo_terms,
@@ -47,6 +48,29 @@ EXPERT = ToolCall("notes", "update_note", {"access_token": "ab12", "note_id": 7,
 def test_action_reward_table(action: ToolCall | None, reward: float) -> None:
     assert action_reward(action, EXPERT) == pytest.approx(reward)
     assert agrees(action, EXPERT) == (reward == 1.0)
+
+
+@pytest.mark.parametrize(
+    ("command", "reward"),
+    [
+        ("focus on  Red Apple", 1.0),  # the same after normalisation
+        ("go to hallway", 0.75 * 2 / 3),  # 2 of 3 words shared either way
+        ("move pot to stove", 0.75),  # the same words, another order: not the expert's command
+        ("look around", 0.0),  # another verb and object
+        ("focus on red", 0.75 * 2 * 1 * 0.75 / 1.75),  # every word of it in the expert's (precision 1, recall 3/4)
+        ("", 0.0),
+    ],
+)
+def test_command_reward_table(command: str, reward: float) -> None:
+    expert = {"focus on  Red Apple": "focus on red apple", "go to hallway": "go to kitchen"}.get(command)
+    expert = expert or ("move stove to pot" if command.startswith("move") else "focus on red apple")
+    act = lambda c: ToolCall("lab", "act", {"command": c})  # noqa: E731
+    assert command_reward(command, expert) == pytest.approx(reward)
+    assert action_reward(act(command), act(expert), text=True) == pytest.approx(reward)
+    assert agrees(act(command), act(expert)) == (reward == 1.0)
+    assert action_reward(None, act(expert), text=True) == 0.0
+    # as tool calls, any command but the expert's earns the app and the API: half, whatever its words
+    assert action_reward(act(command), act(expert)) == (1.0 if reward == 1.0 else 0.5)
 
 
 def test_calls_without_arguments_agree() -> None:
