@@ -56,6 +56,8 @@ import shlex
 import shutil
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -156,6 +158,7 @@ CONFIG_FIELDS = (
 # what base.json's and warm_start.json's dev figures depend on: measured again when one differs (only the
 # agreement when only its settings differ)
 DEV_KEYS = ("model", "seed", "dev_limit", "dev_max_turns", "max_new_tokens")
+DEV_FIGURES = ("dev_tgc", "dev_sgc", "dev_tasks", "behaviour", "mean_turns")
 AGREEMENT_KEYS = ("agreement_prefixes", "agreement_metric")
 # how the learner measures agreement: a file measured another way has its agreement measured again
 AGREEMENT_METRIC = "greedy = expert tokens, teacher-forced over whole dev oracle episodes"
@@ -175,6 +178,22 @@ METRICS = {
 ITERATION_TIME_KEY = "perf/iteration_s"  # the learner's time for the algorithm's part of `iteration`
 
 T0 = time.perf_counter()
+
+
+@dataclass(frozen=True)
+class Curve:
+    """What a learning-curve bench trains and measures: the world and its task selection (LoopConfig fields),
+    the arms it offers, the presets, and a point's figures (`figures(trainer, args)`: greedy evaluation of the
+    trainer's weights; the first of `figure_keys` is the one progress lines show). This file's is CURVE, on the
+    built-in world; bench/scienceworld_curve.py runs the same phases with its own."""
+
+    script: str
+    name: str  # the results folder's default name under $AGENTLOOP_HOME/bench
+    arms: tuple[str, ...]
+    presets: dict[str, tuple[Any, Any]]
+    world: dict[str, Any]
+    figures: Callable[[Trainer, argparse.Namespace], dict[str, Any]]
+    figure_keys: tuple[str, ...]
 
 
 def progress(message: str) -> None:
@@ -201,7 +220,7 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
 
 def bench_settings(args: argparse.Namespace, model: str) -> dict[str, Any]:
     """What makes two arm files comparable: the model, the presets (after `--quick`) and the options."""
-    keys = [k for k in PRESETS if k != "dev_every"]  # when dev is measured does not change what is trained
+    keys = [k for k in args.curve.presets if k != "dev_every"]  # when dev is measured does not change what is trained
     return {"model": model, **{k: getattr(args, k) for k in [*keys, *OPTIONS]}}
 
 
@@ -212,8 +231,14 @@ def arm_settings(settings: dict[str, Any], arm: str) -> dict[str, Any]:
     return {k: v for k, v in settings.items() if k not in others}
 
 
+def dev_keys(settings: dict[str, Any]) -> tuple[str, ...]:
+    """What a phase's dev figures depend on: DEV_KEYS and a world's own evaluation settings (`per_type`)."""
+    return DEV_KEYS + tuple(k for k in ("per_type",) if k in settings)
+
+
 def eval_settings(settings: dict[str, Any]) -> dict[str, Any]:
-    return {**{k: settings.get(k) for k in DEV_KEYS + AGREEMENT_KEYS}, "agreement_metric": AGREEMENT_METRIC}
+    keys = dev_keys(settings) + AGREEMENT_KEYS
+    return {**{k: settings.get(k) for k in keys}, "agreement_metric": AGREEMENT_METRIC}
 
 
 def stale(found: dict[str, Any], settings: dict[str, Any]) -> str | None:
@@ -221,19 +246,19 @@ def stale(found: dict[str, Any], settings: dict[str, Any]) -> str | None:
     old, now = found.get("settings", {}), eval_settings(settings)
     if old == now:
         return None
-    return "agreement" if all(old.get(k) == now[k] for k in DEV_KEYS) else "dev"
+    return "agreement" if all(old.get(k) == now[k] for k in dev_keys(settings)) else "dev"
 
 
-def command() -> str:
+def command(args: argparse.Namespace) -> str:
     """This run's command line, less the output-only flags."""
-    return "python bench/stepagent_curve.py" + "".join(
+    return f"python {args.curve.script}" + "".join(
         f" {shlex.quote(a)}" for a in sys.argv[1:] if a not in ("--write-docs", "--json")
     )
 
 
-def stamp() -> dict[str, Any]:
+def stamp(args: argparse.Namespace) -> dict[str, Any]:
     return {
-        "command": command(),
+        "command": command(args),
         "machine": machine(),
         "at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "load_avg_1min": round(os.getloadavg()[0], 2),
@@ -250,9 +275,8 @@ def make_config(algo: str, args: argparse.Namespace, **overrides: Any) -> LoopCo
         algo,
         iterations=args.max_cycles,
         splits=("train",),
-        world="builtin",
-        procedural=True,
-        expert_sources=("oracle",),  # experts: oracle episodes of fresh procedural train tasks, nothing logged
+        **args.curve.world,
+        expert_sources=("oracle",),  # experts: oracle episodes of (fresh procedural) train tasks, nothing logged
         replay_logged=False,
         **{k: getattr(args, k) for k in CONFIG_FIELDS if getattr(args, k) is not None or k == "dev_limit"},
         micro_batch_size=1,  # a rollout is ~2k tokens: activations of one at a time
@@ -304,17 +328,33 @@ def with_dev_tasks(trainer: Trainer) -> None:
     trainer.source.dev_set = f"{c.world}/{c.dev_split}"
 
 
-def measure_dev(trainer: Trainer, agreement: bool = True) -> dict[str, Any]:
-    """Greedy dev evaluation and expert-action agreement of the trainer's current weights, timed."""
-    t0 = time.perf_counter()
+def dev_figures(trainer: Trainer, args: argparse.Namespace) -> dict[str, Any]:
+    """The built-in world's: greedy dev TGC / SGC over the dev tasks, and behaviour."""
     summary = trainer.dev_summary()
-    point: dict[str, Any] = {
+    return {
         "dev_tgc": summary["tgc"],
         "dev_sgc": summary["sgc"],
         "dev_tasks": summary["tasks"],
         "behaviour": summary["behaviour"],
         "mean_turns": summary.get("mean_turns"),
     }
+
+
+CURVE = Curve(
+    script="bench/stepagent_curve.py",
+    name="stepagent_curve",
+    arms=ARMS,
+    presets=PRESETS,
+    world={"world": "builtin", "procedural": True},
+    figures=dev_figures,
+    figure_keys=DEV_FIGURES,
+)
+
+
+def measure_dev(trainer: Trainer, args: argparse.Namespace, agreement: bool = True) -> dict[str, Any]:
+    """The curve's evaluation (`Curve.figures`) and expert-action agreement of the trainer's weights, timed."""
+    t0 = time.perf_counter()
+    point = args.curve.figures(trainer, args)
     if agreement:
         point.update(measure_agreement(trainer))
     point["eval_s"] = round(time.perf_counter() - t0, 1)  # the dev evaluation and the agreement
@@ -363,10 +403,10 @@ def measure_base(args: argparse.Namespace, results: Path, model_dir: Path, setti
         return found
     trainer = load_trainer(home, make_config("sft", args), model_dir, None, "base")
     progress("base: dev evaluation and agreement of the base model")
-    base = {"settings": eval_settings(settings), **measure_dev(trainer), **stamp()}
+    base = {"settings": eval_settings(settings), **measure_dev(trainer, args), **stamp(args)}
     release(trainer)
     write_json(path, base)
-    progress(f"base: dev TGC {base['dev_tgc']}, agreement {base.get('agreement')} % (eval {base['eval_s']} s)")
+    progress(f"base: {headline_figure(args, base)}, agreement {base.get('agreement')} % (eval {base['eval_s']} s)")
     return base
 
 
@@ -391,7 +431,7 @@ def warm_start(args: argparse.Namespace, results: Path, model_dir: Path, setting
         home = use_home(results / "homes" / "warm_start_eval", model_dir)
         trainer = load_trainer(home, config, model_dir, adapter, "warm start")
         progress(f"warm start: evaluation settings changed, measuring its {what} figures again")
-        figures = measure_agreement(trainer) if what == "agreement" else measure_dev(trainer)
+        figures = measure_agreement(trainer) if what == "agreement" else measure_dev(trainer, args)
         found.update({"settings": eval_settings(settings), **figures})
         release(trainer)
         write_json(path, found)
@@ -422,19 +462,27 @@ def warm_start(args: argparse.Namespace, results: Path, model_dir: Path, setting
         "adapter": str(adapter),
         "lr": config.phase_lr("sft"),
         "config": config.to_dict(),
-        **measure_dev(trainer),
-        **stamp(),
+        **measure_dev(trainer, args),
+        **stamp(args),
     }
     release(trainer)
     write_json(path, start)
-    progress(f"warm start: dev TGC {start['dev_tgc']}, agreement {start.get('agreement')} % (eval {start['eval_s']} s)")
+    progress(
+        f"warm start: {headline_figure(args, start)}, agreement {start.get('agreement')} % (eval {start['eval_s']} s)"
+    )
     return start
 
 
-def start_point(start: dict[str, Any]) -> dict[str, Any]:
+def start_point(start: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     """An arm's first point: the warm start adapter it loads, measured once for all arms."""
-    keep = ("dev_tgc", "dev_sgc", "dev_tasks", "behaviour", "mean_turns", "agreement")
+    keep = (*args.curve.figure_keys, "agreement")
     return {"cycle": None, "train_s": 0.0, **{k: start.get(k) for k in keep}, "eval_s": 0.0}
+
+
+def headline_figure(args: argparse.Namespace, point: dict[str, Any]) -> str:
+    """The curve's first figure of a point, for progress lines: 'dev_tgc 2.0'."""
+    key = args.curve.figure_keys[0]
+    return f"{key} {point.get(key)}"
 
 
 def cycle_point(i: int, train_s: float, took: float, agreement_s: float, metrics: dict[str, Any]) -> dict[str, Any]:
@@ -479,13 +527,13 @@ def train_arm(
         "lr": config.phase_lr(config.algo),
         "config": config.to_dict(),
         "finished": False,
-        "points": [start_point(start)],
-        **stamp(),
+        "points": [start_point(start, args)],
+        **stamp(args),
     }
     first, train_s, eval_s, agreement_s = 0, 0.0, 0.0, 0.0
     if extend is not None:
         first, train_s, eval_s = int(extend["cycles"]), float(extend["train_s"]), float(extend.get("eval_s", 0.0))
-        history = [*extend.get("extended", []), {"at_cycle": first, "at_train_s": train_s, **stamp()}]
+        history = [*extend.get("extended", []), {"at_cycle": first, "at_train_s": train_s, **stamp(args)}]
         record.update(points=extend["points"], extended=history, at=extend["at"], command=extend["command"])
     path = arm_path(results, arm)
     for i in range(first, args.max_cycles):
@@ -496,14 +544,14 @@ def train_arm(
         agreement_s += in_cycle
         point = cycle_point(i, train_s, took, in_cycle, metrics)
         if args.dev_every and (i + 1) % args.dev_every == 0:
-            point.update(measure_dev(trainer, agreement=point["agreement"] is None))
+            point.update(measure_dev(trainer, args, agreement=point["agreement"] is None))
             eval_s += point["eval_s"]
         record["points"].append(point)
         record.update(train_s=round(train_s, 1), eval_s=round(eval_s + agreement_s, 1), cycles=i + 1)
         write_json(path, record)
         progress(
             f"{arm} cycle {i}: {took:.1f} s, train {train_s:.0f}/{args.budget_s:g} s, agreement "
-            f"{point['agreement']} %" + (f", dev TGC {point['dev_tgc']}" if "dev_tgc" in point else "")
+            f"{point['agreement']} %" + (f", {headline_figure(args, point)}" if "eval_s" in point else "")
         )
     trainer.model.save_pretrained(arm_adapter(results, arm))  # what the end's dev evaluation measures
     record.update(trained=True, train_s=round(train_s, 1), eval_s=round(eval_s + agreement_s, 1))
@@ -512,7 +560,7 @@ def train_arm(
         release(trainer)
         progress(f"{arm}: trained, adapter saved to {arm_adapter(results, arm)}; its dev evaluation is deferred")
         return record
-    return evaluate_arm(arm, record, trainer, results)
+    return evaluate_arm(arm, record, trainer, results, args)
 
 
 def extendable(done: dict[str, Any], settings: dict[str, Any], arm: str, args: argparse.Namespace) -> bool:
@@ -528,14 +576,16 @@ def arm_adapter(results: Path, arm: str) -> Path:
     return results / "adapters" / arm
 
 
-def evaluate_arm(arm: str, record: dict[str, Any], trainer: Trainer, results: Path) -> dict[str, Any]:
+def evaluate_arm(
+    arm: str, record: dict[str, Any], trainer: Trainer, results: Path, args: argparse.Namespace
+) -> dict[str, Any]:
     """The end of an arm: dev evaluation of the trained weights (unless its last cycle measured it), then the
     file marked finished."""
     last = record["points"][-1]
     eval_s = float(record.get("eval_s", 0.0))
-    if "dev_tgc" not in last or last["cycle"] is None:  # the end: measured unless the last cycle was
+    if args.curve.figure_keys[0] not in last or last["cycle"] is None:  # measured unless the last cycle was
         progress(f"{arm}: budget spent, dev evaluation at the end")
-        final = measure_dev(trainer, agreement=last.get("agreement") is None)
+        final = measure_dev(trainer, args, agreement=last.get("agreement") is None)
         if last["cycle"] is None:  # no cycle ran (a budget of 0): the end is the start
             final = {k: v for k, v in final.items() if k != "agreement"}
         last.update(final)
@@ -546,10 +596,10 @@ def evaluate_arm(arm: str, record: dict[str, Any], trainer: Trainer, results: Pa
         eval_s=round(eval_s, 1),
         cycles=len(record["points"]) - 1,
         load_avg_1min_end=round(os.getloadavg()[0], 2),
-        final={k: last.get(k) for k in ("dev_tgc", "dev_sgc", "agreement", "behaviour")},
+        final={k: last.get(k) for k in (*args.curve.figure_keys, "agreement")},
     )
     write_json(arm_path(results, arm), record)
-    progress(f"{arm}: done, final dev TGC {last['dev_tgc']}, agreement {last.get('agreement')} %")
+    progress(f"{arm}: done, final {headline_figure(args, last)}, agreement {last.get('agreement')} %")
     return record
 
 
@@ -560,7 +610,7 @@ def evaluate_deferred(
     home = use_home(results / "homes" / arm, model_dir)
     config = make_config(arm, args)  # the arm's (its file's settings are these)
     trainer = load_trainer(home, config, model_dir, arm_adapter(results, arm), f"{arm} (end)")
-    return evaluate_arm(arm, record, trainer, results)
+    return evaluate_arm(arm, record, trainer, results, args)
 
 
 # --- merging ---------------------------------------------------------------------------------------------
@@ -859,17 +909,20 @@ def merged_result(
 # --- main -----------------------------------------------------------------------------------------------
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parse_args(argv: list[str] | None = None, curve: Curve | None = None, doc: str | None = None) -> argparse.Namespace:
+    """The flags of every curve bench; `curve` (default CURVE) gives the arms, the presets and the world."""
+    curve = curve or CURVE
+    arms, presets = curve.arms, curve.presets
+    ap = argparse.ArgumentParser(description=doc or __doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="a smoke run: one tiny cycle per arm, 1 dev task of 2 turns")
     ap.add_argument("--model", default=None, help="model name or directory (default: AGENTLOOP_MODEL)")
     ap.add_argument(
         "--results",
         type=Path,
         default=None,
-        help="where the phases' files are kept (default: $AGENTLOOP_HOME/bench/stepagent_curve)",
+        help=f"where the phases' files are kept (default: $AGENTLOOP_HOME/bench/{curve.name})",
     )
-    ap.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated subset of {','.join(ARMS)}")
+    ap.add_argument("--arms", default=",".join(arms), help=f"comma-separated subset of {','.join(arms)}")
     ap.add_argument("--merge", action="store_true", help="train nothing: table and PNG from the files in DIR")
     ap.add_argument("--start-only", action="store_true", help="measure the base model, train the warm start, no arm")
     ap.add_argument(
@@ -891,7 +944,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--max-cycles", type=int, default=None, help="cycle cap per arm")
     ap.add_argument("--warm-start-s", type=float, default=None, help="training seconds of the shared SFT warm start")
     ap.add_argument("--dev-every", type=int, default=None, help="dev TGC every N cycles too (default 0: start, end)")
-    ap.add_argument("--dev-limit", type=int, default=None, help="the first N dev tasks (default: all 51)")
+    ap.add_argument("--dev-limit", type=int, default=None, help="the first N dev tasks (default: all)")
+    if "per_type" in presets:
+        ap.add_argument("--per-type", type=int, default=None, help="variations of each task type per evaluated set")
     ap.add_argument("--dev-max-turns", type=int, default=None, help="turn limit on dev (default 16)")
     ap.add_argument("--agreement-prefixes", type=int, default=None, help="dev oracle prefixes for agreement")
     ap.add_argument("--tasks-per-iteration", type=int, default=None, help="RL: N procedural train tasks per cycle")
@@ -924,24 +979,55 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--plot",
         type=Path,
         default=None,
-        help=f"PNG to write (default: {DEFAULT_PLOT} with --write-docs, else stepagent_curve.png in DIR)",
+        help=f"PNG to write (default: docs/{curve.name}.png with --write-docs, else {curve.name}.png in DIR)",
     )
     ap.add_argument("--json", action="store_true", help="print only the JSON object")
-    ap.add_argument("--write-docs", action="store_true", help="update docs/benchmarks.md's stepagent_curve section")
+    ap.add_argument("--write-docs", action="store_true", help=f"update docs/benchmarks.md's {curve.name} section")
     args = ap.parse_args(argv)
-    for name, (full, quick) in PRESETS.items():
+    args.curve = curve
+    for name, (full, quick) in presets.items():
         if getattr(args, name) is None:
             setattr(args, name, quick if args.quick else full)
     args.arm_list = [a.strip() for a in args.arms.split(",") if a.strip()]
-    unknown = [a for a in args.arm_list if a not in ARMS]
+    unknown = [a for a in args.arm_list if a not in arms]
     if unknown or not args.arm_list:
-        ap.error(f"--arms takes a comma-separated subset of {', '.join(ARMS)}; got {args.arms!r}")
+        ap.error(f"--arms takes a comma-separated subset of {', '.join(arms)}; got {args.arms!r}")
     try:
-        for arm in ARMS:  # a bad combination fails here, before any model is loaded
+        for arm in arms:  # a bad combination fails here, before any model is loaded
             make_config(arm, args)
     except ValueError as exc:
         ap.error(str(exc))
     return args
+
+
+def run_phases(args: argparse.Namespace, results: Path, model_dir: Path, settings: dict[str, Any]) -> None:
+    """The base model's figures (unless --skip-base), the warm start, then each arm asked for: trained, or
+    skipped, continued or evaluated as its file in DIR says."""
+    progress(f"model {model_dir}; results {results}; arms {', '.join(args.arm_list)}; {args.budget_s:g} s each")
+    if not args.skip_base:
+        measure_base(args, results, model_dir, settings)
+    start = warm_start(args, results, model_dir, settings)
+    for arm in [] if args.start_only else args.arm_list:
+        done = read_json(arm_path(results, arm))
+        same = done is not None and arm_settings(done["settings"], arm) == arm_settings(settings, arm)
+        if done is not None and done["finished"] and same and not args.rerun:
+            progress(f"{arm}: finished in {arm_path(results, arm)} with these settings; skipped (--rerun)")
+            continue
+        saved = (arm_adapter(results, arm) / "adapter_config.json").exists()
+        if done is not None and done.get("trained") and saved and not args.rerun:
+            if args.extend and extendable(done, settings, arm, args):
+                progress(f"{arm}: going on from {arm_adapter(results, arm)} ({done['train_s']:.0f} s trained)")
+                train_arm(arm, args, results, model_dir, settings, start, extend=done)
+                continue
+            if same and args.defer_eval:
+                progress(f"{arm}: trained, its dev evaluation still deferred; skipped")
+                continue
+            if same:
+                progress(f"{arm}: trained in an earlier sitting; the dev evaluation at its end")
+                evaluate_deferred(arm, args, done, results, model_dir)
+                continue
+        progress(f"{arm}: training from the warm start")
+        train_arm(arm, args, results, model_dir, settings, start)
 
 
 def main() -> None:
@@ -953,33 +1039,8 @@ def main() -> None:
     settings = bench_settings(args, model_dir.name)
     if args.plot is None:  # only a run that writes the docs replaces their figure
         args.plot = DEFAULT_PLOT if args.write_docs else results / "stepagent_curve.png"
-
     if not args.merge:
-        progress(f"model {model_dir}; results {results}; arms {', '.join(args.arm_list)}; {args.budget_s:g} s each")
-        if not args.skip_base:
-            measure_base(args, results, model_dir, settings)
-        start = warm_start(args, results, model_dir, settings)
-        for arm in [] if args.start_only else args.arm_list:
-            done = read_json(arm_path(results, arm))
-            same = done is not None and arm_settings(done["settings"], arm) == arm_settings(settings, arm)
-            if done is not None and done["finished"] and same and not args.rerun:
-                progress(f"{arm}: finished in {arm_path(results, arm)} with these settings; skipped (--rerun)")
-                continue
-            saved = (arm_adapter(results, arm) / "adapter_config.json").exists()
-            if done is not None and done.get("trained") and saved and not args.rerun:
-                if args.extend and extendable(done, settings, arm, args):
-                    progress(f"{arm}: going on from {arm_adapter(results, arm)} ({done['train_s']:.0f} s trained)")
-                    train_arm(arm, args, results, model_dir, settings, start, extend=done)
-                    continue
-                if same and args.defer_eval:
-                    progress(f"{arm}: trained, its dev evaluation still deferred; skipped")
-                    continue
-                if same:
-                    progress(f"{arm}: trained in an earlier sitting; the dev evaluation at its end")
-                    evaluate_deferred(arm, args, done, results, model_dir)
-                    continue
-            progress(f"{arm}: training from the warm start")
-            train_arm(arm, args, results, model_dir, settings, start)
+        run_phases(args, results, model_dir, settings)
 
     base, start_found = read_json(results / "base.json"), read_json(results / "warm_start.json")
     arms = load_arms(results)
@@ -994,7 +1055,7 @@ def main() -> None:
     if args.write_docs:
         write_section(SECTION, docs_section(result, arms, base, start_found, args.plot.resolve(), note))
         progress("docs/benchmarks.md: section stepagent_curve written")
-    emit({"model": model_dir.name, "quick": args.quick, "results": str(results), "command": command(), **result})
+    emit({"model": model_dir.name, "quick": args.quick, "results": str(results), "command": command(args), **result})
 
 
 if __name__ == "__main__":

@@ -1,0 +1,311 @@
+"""SmolLM2-135M on ScienceWorld: average score and success on seen and unseen variations, per cycle, for the
+base model, SFT on gold paths, SFT -> StepAgent, SFT -> LOOP and SFT -> LOOP+step, each arm the same training
+budget after one shared SFT warm start. The phases, their files under --results, the budget and the flags are
+bench/stepagent_curve.py's (see there); only the world, the task types and what a point measures differ.
+
+    python bench/scienceworld_curve.py [--quick] [--results DIR] [--arms sft,stepagent-greedy,loop,loop+step]
+        [--start-only] [--merge] [--defer-eval] [--budget-s S] [--warm-start-s S] [--dev-every N] [--json]
+        [--write-docs]
+
+Task types (TYPES): the eight whose gold path (of the first train variation) takes at most 11 commands: finding
+a plant, an animal, a living or a non-living thing and focusing on it; naming the longest- or shortest-lived of
+some animals (and both); and building a circuit that powers a component. Longer types (boiling, melting,
+genetics) outgrow what a 135M model on 2 CPU cores can be trained for in a sitting. Training draws the listed
+train variations of these types (10 each); their gold paths are the experts.
+
+Seen and unseen, as in the published ScienceWorld tables (ETO, IPR): seen = the benchmark's dev variations,
+unseen = its test variations, of the same task types (other objects, places and answers than any train
+variation). A point evaluates `--per-type` listed variations of each type from each (greedy, --dev-max-turns):
+average score (0-100, the simulator's, a negative one as 0) and success (the task completed). Agreement: the
+greedy command = the gold command, at dev (seen) gold-path prefixes.
+
+The published figures beside the table (PUBLISHED) are ETO's (Song et al., 2024) with Llama-2-7B-Chat
+fine-tuned on all 30 task types' gold paths on GPUs: another model, 50x larger, other task types and budgets.
+They show where the methods land at scale, not a target this bench can be held to.
+
+Last line: a JSON object with base_seen_score, sft_seen_score, best_seen_score, best_arm (and unseen).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import stepagent_curve as curve
+
+from agentloop.agent.eval_runs import world_tasks
+from agentloop.agent.evaluate import EvalTask, run_eval, summarize
+from agentloop.apps.registry import get_world
+from agentloop.learner.trainer import Trainer
+from agentloop.policy.models import resolve_model_dir
+from agentloop.settings import get_settings
+
+from report import emit, write_section
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_PLOT = ROOT / "docs" / "scienceworld_curve.png"
+SECTION = "scienceworld_curve"
+TYPES = (
+    "find-animal",
+    "find-living-thing",
+    "find-non-living-thing",
+    "find-plant",
+    "lifespan-longest-lived",
+    "lifespan-longest-lived-then-shortest-lived",
+    "lifespan-shortest-lived",
+    "power-component",
+)
+ARMS = ("sft", "stepagent-greedy", "loop", "loop+step")
+SETS = {"seen": "dev", "unseen": "test"}
+# ETO (Song et al., 2024), ScienceWorld average reward x 100, Llama-2-7B-Chat, all 30 task types
+PUBLISHED = (("SFT (Llama-2-7B-Chat)", 67.4, 53.0), ("ETO (Llama-2-7B-Chat)", 73.8, 65.0))
+
+PRESETS: dict[str, tuple[Any, Any]] = {
+    **curve.PRESETS,
+    "per_type": (2, 1),  # variations of each type in each of seen and unseen: 16 + 16 episodes a point
+    "dev_max_turns": (20, 2),  # the gold paths of these types take 5-11 commands
+    "agreement_prefixes": (40, 2),  # the commands of ~5 seen gold paths
+    "max_turns": (16, 1),
+    "max_new_tokens": (32, 16),  # a command is a few words
+    "experts_per_iteration": (16, 1),
+    "sft_steps": (4, 1),
+    "sft_batch_size": (4, 1),
+    "dev_every": (2, 0),
+}
+
+
+def per_type(tasks: list[EvalTask], n: int) -> list[EvalTask]:
+    """The first `n` listed variations of each of TYPES, in TYPES order."""
+    by_type: dict[str, list[EvalTask]] = defaultdict(list)
+    for t in tasks:
+        if t.scenario in TYPES and len(by_type[t.scenario]) < n:
+            by_type[t.scenario].append(t)
+    return [t for name in TYPES for t in by_type[name]]
+
+
+def figures(trainer: Trainer, args: Any) -> dict[str, Any]:
+    """Seen and unseen: average score and success of the trainer's weights, greedy."""
+    provider = get_world("scienceworld")
+    out: dict[str, Any] = {}
+    trainer.model.eval()
+    for name, split in SETS.items():
+        tasks = per_type(world_tasks(provider, split), args.per_type)
+        trainer.report({"phase": "evaluating", "set": name, "tasks": len(tasks)})
+        trainer.policy.clear_cache()
+        results = run_eval(trainer.policy, tasks, 1, trainer.limits(dev=True), trainer.settings.max_batch_size)
+        trainer.policy.clear_cache()
+        summary = summarize(results)
+        out[f"{name}_score"] = round(100 * summary["mean_reward"], 2)
+        out[f"{name}_success"] = round(summary["tgc"], 2)
+        out[f"{name}_tasks"] = summary["tasks"]
+        out[f"{name}_by_type"] = {t: round(100 * b["mean_reward"], 1) for t, b in summary["by_scenario"].items()}
+        out[f"{name}_mean_turns"] = summary.get("mean_turns")
+    return out
+
+
+FIGURES = ("seen_score", "seen_success", "unseen_score", "unseen_success")
+CURVE = curve.Curve(
+    script="bench/scienceworld_curve.py",
+    name="scienceworld_curve",
+    arms=ARMS,
+    presets=PRESETS,
+    world={"world": "scienceworld", "procedural": False, "scenarios": TYPES},
+    figures=figures,
+    figure_keys=(*FIGURES, "seen_tasks", "unseen_tasks", "seen_by_type", "unseen_by_type"),
+)
+
+
+# --- the report ------------------------------------------------------------------------------------------
+
+
+def arm_row(run: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "cycles": len(run["points"]) - 1,
+        "train_s": run.get("train_s", 0.0),
+        "eval_s": run.get("eval_s", 0.0),
+        "finished": run["finished"],
+        "agreement": curve.final(run, "agreement"),
+        **{k: curve.final(run, k) for k in FIGURES},
+    }
+
+
+def headline(arms: dict[str, Any], base: Any, start: Any) -> dict[str, Any]:
+    rows = {a: arm_row(r) for a, r in arms.items()}
+    measured = {a: r for a, r in rows.items() if r["seen_score"] is not None}
+    best = max(measured, key=lambda a: (measured[a]["seen_score"], measured[a]["unseen_score"] or 0), default=None)
+    return {
+        "types": list(TYPES),
+        "seen_tasks": (base or start or {}).get("seen_tasks"),
+        "base_seen_score": (base or {}).get("seen_score"),
+        "base_unseen_score": (base or {}).get("unseen_score"),
+        "warm_start_seen_score": (start or {}).get("seen_score"),
+        "sft_seen_score": rows.get("sft", {}).get("seen_score"),
+        "sft_unseen_score": rows.get("sft", {}).get("unseen_score"),
+        "best_arm": best,
+        "best_seen_score": measured[best]["seen_score"] if best else None,
+        "best_unseen_score": measured[best]["unseen_score"] if best else None,
+        "arms": rows,
+    }
+
+
+def summary_table(arms: dict[str, Any], base: Any, start: Any) -> str:
+    f = curve.fmt
+    rows = [
+        "| arm | cycles | train s | seen score | seen success % | unseen score | unseen success % | agreement % "
+        "| eval s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for label, x in (("base model (no adapter)", base), ("warm start (SFT, every arm's start)", start)):
+        if x:
+            rows.append(
+                f"| {label} | {x.get('cycles', '')} | {f(x.get('train_s'), '.0f')} | {f(x['seen_score'])} "
+                f"| {f(x['seen_success'])} | {f(x['unseen_score'])} | {f(x['unseen_success'])} "
+                f"| {f(x.get('agreement'))} | {f(x['eval_s'], '.0f')} |"
+            )
+    for arm, run in arms.items():
+        r = arm_row(run)
+        state = "" if run["finished"] else " (trained; evaluation deferred)" if run.get("trained") else " (unfinished)"
+        rows.append(
+            f"| {curve.LABELS[arm]}{state} | {r['cycles']} | {r['train_s']:.0f} | {f(r['seen_score'])} "
+            f"| {f(r['seen_success'])} | {f(r['unseen_score'])} | {f(r['unseen_success'])} | {f(r['agreement'])} "
+            f"| {f(r['eval_s'], '.0f')} |"
+        )
+    for label, seen, unseen in PUBLISHED:
+        rows.append(f"| *published: {label}* | | | *{seen}* | | *{unseen}* | | | |")
+    return "\n".join(rows)
+
+
+def curves_table(arms: dict[str, Any]) -> str:
+    """Seen score per evaluated point, one row per arm."""
+    longest = max((len(r["points"]) for r in arms.values()), default=1)
+    heads = ["start", *[str(i) for i in range(longest - 1)]]
+    rows = ["| seen score by cycle | " + " | ".join(heads) + " |", "|---" * (len(heads) + 1) + "|"]
+    for arm, run in arms.items():
+        values = [curve.fmt(p.get("seen_score")) for p in run["points"]] + [""] * (longest - len(run["points"]))
+        rows.append(f"| {curve.LABELS[arm]} | " + " | ".join(values) + " |")
+    return "\n".join(rows)
+
+
+def plot(arms: dict[str, Any], base: Any, path: Path) -> str | None:
+    """Seen and unseen score vs train seconds, where measured; None, or why no PNG."""
+    try:
+        import matplotlib
+    except ImportError:
+        return "matplotlib is not installed (pip install matplotlib): no PNG"
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for ax, name in zip(axes, SETS, strict=True):
+        key = f"{name}_score"
+        for (arm, run), marker in zip(arms.items(), "os^Dv", strict=False):
+            pts = [(p["train_s"], p[key]) for p in run["points"] if p.get(key) is not None]
+            if pts:
+                ax.plot(*zip(*pts, strict=True), marker=marker, label=curve.LABELS[arm])
+        if base is not None and base.get(key) is not None:
+            ax.axhline(base[key], color="grey", linestyle="--", linewidth=1, label="base model")
+        ax.set_xlabel("training wall time after the warm start, s")
+        ax.set_ylabel("average score (0-100), greedy")
+        ax.set_title(f"ScienceWorld {name} ({SETS[name]} variations)")
+        ax.set_ylim(0, max(10.0, ax.get_ylim()[1] * 1.05))
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return None
+
+
+def finding(result: dict[str, Any]) -> str:
+    base, rows = result["base_seen_score"], result["arms"]
+    measured = {a: r for a, r in rows.items() if r["seen_score"] is not None}
+    if base is None or not measured:
+        return "Not enough measured yet to compare the arms with the base model."
+    above = [a for a, r in measured.items() if r["seen_score"] > base]
+    sft = rows.get("sft", {}).get("seen_score")
+    parts = [
+        f"Seen score: base {curve.fmt(base)}; "
+        + "; ".join(f"{curve.LABELS[a]} {curve.fmt(r['seen_score'])}" for a, r in measured.items())
+        + f". Above the base model: {len(above)} of {len(measured)} measured arms."
+    ]
+    if sft is not None and result["best_arm"] not in (None, "sft"):
+        gap = result["best_seen_score"] - sft
+        parts.append(f"The best arm, {curve.LABELS[result['best_arm']]}, is {gap:+.1f} points from SFT alone.")
+    n = result["seen_tasks"] or 0
+    if n:
+        parts.append(f"With {n} seen episodes a point, one episode's score moves the average by up to {100 / n:.1f}.")
+    return " ".join(parts)
+
+
+def docs_section(result: dict[str, Any], arms: dict[str, Any], base: Any, start: Any, image: str, note: Any) -> str:
+    files = [*(x for x in (base, start) if x), *arms.values()]
+    commands = list(dict.fromkeys(r["command"] for r in files))
+    s = result["settings"]
+    figure = f"![seen and unseen score vs training seconds]({image})" if note is None else f"(No figure: {note}.)"
+    budgets = ", ".join(f"{curve.LABELS[a]} {r['settings']['budget_s']:g} s (lr {r['lr']:g})" for a, r in arms.items())
+    return f"""
+## ScienceWorld: score on seen and unseen variations (`bench/scienceworld_curve.py`)
+
+{chr(10).join(f"`{c}`" + "  " for c in commands)}
+
+On {"; ".join(dict.fromkeys(r["machine"] for r in files))}; model `{s["model"]}`. Task types ({len(TYPES)}):
+{", ".join(TYPES)}. Seen: {s["per_type"]} dev variations of each, unseen: {s["per_type"]} test variations of
+each; greedy, {s["dev_max_turns"]} turns. Budget per arm after the shared warm start: {budgets or "none yet"}.
+Per cycle: {s["experts_per_iteration"]} gold-path experts of train variations; SFT {s["sft_steps"]} steps x
+{s["sft_batch_size"]}; RL {s["tasks_per_iteration"]} train variations x K = {s["rollouts_per_task"]} rollouts of
+{s["max_turns"]} turns. The published rows are ETO's Llama-2-7B-Chat on all 30 types: another model and scale.
+
+{summary_table(arms, base, start)}
+
+{figure}
+
+{curves_table(arms)}
+
+{finding(result)}
+
+<details><summary>Merged results (JSON)</summary>
+
+```json
+{json.dumps({"base": base, "warm_start": start, "arms": arms}, indent=1, sort_keys=True)}
+```
+
+</details>
+"""
+
+
+def main() -> None:
+    args = curve.parse_args(curve=CURVE, doc=__doc__)
+    settings_now = get_settings()
+    results = (args.results or settings_now.home / "bench" / CURVE.name).resolve()
+    results.mkdir(parents=True, exist_ok=True)
+    model_dir = resolve_model_dir(args.model or settings_now.model, settings_now.models_dir)
+    settings = curve.bench_settings(args, model_dir.name)
+    if args.plot is None:
+        args.plot = DEFAULT_PLOT if args.write_docs else results / f"{CURVE.name}.png"
+    if not args.merge:
+        curve.run_phases(args, results, model_dir, settings)
+
+    base, start = curve.read_json(results / "base.json"), curve.read_json(results / "warm_start.json")
+    arms = curve.load_arms(results)
+    described = next((r["settings"] for r in arms.values()), settings)
+    result = {"settings": described, **headline(arms, base, start)}
+    note = plot(arms, base, args.plot) if arms or base else "nothing measured yet"
+    curve.progress(note or f"plot written to {args.plot}")
+    if not args.json:
+        print(summary_table(arms, base, start))
+        print(finding(result))
+    if args.write_docs:
+        image = os.path.relpath(args.plot.resolve(), DEFAULT_PLOT.parent)
+        write_section(SECTION, docs_section(result, arms, base, start, image, note))
+        curve.progress(f"docs/benchmarks.md: section {SECTION} written")
+    run = {"model": model_dir.name, "quick": args.quick, "results": str(results), "command": curve.command(args)}
+    emit({**run, **result})
+
+
+if __name__ == "__main__":
+    sys.exit(main())
