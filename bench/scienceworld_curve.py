@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -306,4 +305,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -126,6 +126,42 @@ class EpisodeThread(threading.Thread):
         return self.outcome
 
 
+@dataclass
+class RunTaskStream:
+    """What a RunTask call streamed, and the episode a worker thread ran for it."""
+
+    kinds: list[str]
+    submitted: list[Any]
+    steps: list[Any]
+    result: Any
+    episode: EpisodeThread | None
+
+
+def run_task_streamed(api: Api, request: Any, policy: GatedPolicy) -> RunTaskStream:
+    """RunTask over a real channel; the task's episode runs in a thread as a worker would, each turn allowed
+    only after the previous step arrived."""
+
+    async def scenario() -> RunTaskStream:
+        out = RunTaskStream([], [], [], None, None)
+        async with api.connect() as c:
+            async for event in c.agent.RunTask(request, metadata=auth(api.keys.tenant_a_client)):
+                kind = event.WhichOneof("event")
+                out.kinds.append(kind)
+                if kind == "submitted":
+                    out.submitted.append(event.submitted)
+                    out.episode = EpisodeThread(event.submitted.id, policy)
+                    out.episode.start()
+                    policy.allow()
+                elif kind == "step":
+                    out.steps.append(event.step)
+                    policy.allow()
+                elif kind == "result":
+                    out.result = event.result
+        return out
+
+    return asyncio.run(scenario())
+
+
 @pytest.fixture(scope="module")
 def tiny(tiny_model_dir: Any) -> Any:
     """The tiny random Llama as a served policy (real sampling, real log-probs), loaded once."""

@@ -12,7 +12,7 @@ from agentloop.api import streams
 from agentloop.proto_gen.agentloop.v1 import agent_pb2 as pb
 from agentloop.store.db import get_sessionmaker, session_scope
 from agentloop.store.models import Episode, Reward, Step, Task, TaskStatus
-from tests.grpc.conftest import EpisodeThread, GatedPolicy, auth
+from tests.grpc.conftest import EpisodeThread, GatedPolicy, auth, run_task_streamed
 
 TASK = pb.SubmitTaskRequest(task_ref="wallet_balance-1")
 
@@ -57,29 +57,10 @@ async def expect_error(code: grpc.StatusCode, call, needle: str = "") -> grpc.ai
 def test_run_task_streams_every_step_of_a_real_episode_in_order_then_the_result(api, tiny, configure_env):
     configure_env(AGENT_MAX_NEW_TOKENS=16)
     policy = GatedPolicy(tiny)
-    episode: EpisodeThread | None = None
-
-    async def scenario():
-        nonlocal episode
-        kinds, steps, result = [], [], None
-        async with api.connect() as c:
-            request = pb.SubmitTaskRequest(task_ref="wallet_send_money-2", max_turns=3)
-            async for event in c.agent.RunTask(request, metadata=auth(api.keys.tenant_a_client)):
-                kind = event.WhichOneof("event")
-                kinds.append(kind)
-                if kind == "submitted":
-                    assert event.submitted.status == pb.TASK_STATUS_QUEUED
-                    episode = EpisodeThread(event.submitted.id, policy)
-                    episode.start()
-                    policy.allow()  # turns run one at a time, each after the previous step arrived
-                elif kind == "step":
-                    steps.append(event.step)
-                    policy.allow()
-                elif kind == "result":
-                    result = event.result
-        return kinds, steps, result
-
-    kinds, steps, result = asyncio.run(scenario())
+    request = pb.SubmitTaskRequest(task_ref="wallet_send_money-2", max_turns=3)
+    run = run_task_streamed(api, request, policy)
+    kinds, steps, result, episode = run.kinds, run.steps, run.result, run.episode
+    assert [s.status for s in run.submitted] == [pb.TASK_STATUS_QUEUED]
     assert episode is not None and episode.finish() == "finished"
     assert kinds == ["submitted", "attempt", "step", "step", "step", "result"]
     assert_same_steps(steps, stored_steps(result.id))
