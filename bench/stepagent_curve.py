@@ -18,7 +18,9 @@ Phases, each kept on disk under `--results DIR` so that a run can be split into 
                        With --defer-eval an arm stops there (its file says trained, not finished) and the
                        same command without the flag, in a later sitting, runs only that evaluation
 
-Arms (`--arms`, run in the order given): sft (SFT alone: more supervised cycles), stepagent-implicit,
+Arms (`--arms`, run in the order given): sft (SFT alone: more supervised cycles), sft-recovery (SFT with
+half of each cycle's experts replayed as recoveries: the agent's own greedy mistake at one of their steps, the
+world's answer, then the expert's calls; learner/recovery.py), stepagent-implicit,
 stepagent-greedy (stepagent-implicit with `inspection: greedy`: pairs where the greedy action leaves the
 expert's, read from SFT's own pass), stepagent-irl, loop, loop+step. An arm whose file records a finished run
 with the same settings (the model, the presets, the seed and SFT lr, and that arm's own options: another
@@ -77,11 +79,12 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_PLOT = ROOT / "docs" / "stepagent_curve.png"
 SECTION = "stepagent_curve"
 
-ARMS = ("sft", "stepagent-implicit", "stepagent-greedy", "stepagent-irl", "loop", "loop+step")
+ARMS = ("sft", "sft-recovery", "stepagent-implicit", "stepagent-greedy", "stepagent-irl", "loop", "loop+step")
 # their gain is over SFT alone's
 STEP_REWARD_ARMS = ("stepagent-implicit", "stepagent-greedy", "stepagent-irl", "loop+step")
 LABELS = {
     "sft": "SFT alone",
+    "sft-recovery": "SFT with recovery experts",
     "stepagent-implicit": "StepAgent (implicit reward)",
     "stepagent-greedy": "StepAgent (implicit reward, greedy inspection)",
     "stepagent-irl": "StepAgent (inverse RL)",
@@ -129,6 +132,8 @@ OPTIONS = (
 # arms that run another arm's algorithm with some options of their own
 ARM_ALGOS: dict[str, tuple[str, dict[str, Any]]] = {
     "stepagent-greedy": ("stepagent-implicit", {"inspection": "greedy"}),
+    # half of each cycle's experts replayed with the agent's own greedy mistake at one step (learner/recovery.py)
+    "sft-recovery": ("sft", {"recovery_share": 0.5}),
 }
 # the options that shape one arm only: its file is comparable with another run's whatever the others say
 ARM_OPTIONS = {
@@ -174,6 +179,9 @@ METRICS = {
     "adv/filtered_frac": "adv_filtered_frac",
     "rollouts": "rollouts",
     "experts": "experts",
+    "recovery/kept": "recovery_kept",
+    "recovery/errors": "recovery_errors",
+    "recovery/agent_agreed": "recovery_agent_agreed",
 }
 ITERATION_TIME_KEY = "perf/iteration_s"  # the learner's time for the algorithm's part of `iteration`
 

@@ -97,6 +97,14 @@ class LoopConfig:
         default=4, metadata={"help": "expert trajectories (sft) or inspected prefixes (stepagent-implicit) per step"}
     )
     micro_tokens: int = field(default=4096, metadata={"help": "padded tokens per forward/backward (accumulation)"})
+    recovery_share: float = field(
+        default=0.0,
+        metadata={
+            "help": "sft: share of each iteration's experts replayed as recoveries: the agent's own greedy action"
+            " at one of their steps where it is not the expert's, what the world answered, then the expert's calls"
+            " from that step on; kept when the task still succeeds, trained on the expert's turns only"
+        },
+    )
     inspect_prefixes: int = field(default=24, metadata={"help": "stepagent: expert prefixes inspected per iteration"})
     inspect_samples: int = field(default=4, metadata={"help": "stepagent: M agent actions sampled per prefix"})
     inspect_temperature: float = field(default=1.0, metadata={"help": "stepagent: temperature of those samples"})
@@ -204,6 +212,8 @@ class LoopConfig:
             problems.append("lr, sft_lr, stepagent_lr, clip_eps, dpo_beta and disc_lr must be > 0")
         if min(self.dpo_anchor, self.irl_anchor, self.step_omega, self.agreement_prefixes, self.lora_layers) < 0:
             problems.append("dpo_anchor, irl_anchor, step_omega, agreement_prefixes and lora_layers must be >= 0")
+        if not 0 <= self.recovery_share <= 1:
+            problems.append(f"recovery_share must be in [0, 1] (got {self.recovery_share!r})")
         if self.inspection == "greedy" and "stepagent-irl" in self.algos():
             problems.append("inspection 'greedy' is stepagent-implicit's: stepagent-irl's discriminator needs samples")
         if self.temperature != 1.0 and self.recompute_old_logprobs == "never":

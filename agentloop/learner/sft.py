@@ -12,7 +12,9 @@ from typing import Any
 
 import torch
 
+from agentloop.learner.experts import expert_rollouts
 from agentloop.learner.loop import SHARED_OPENING_MIN_TOKENS, recomputes_layers, sequence_logprobs
+from agentloop.learner.recovery import with_recoveries
 from agentloop.learner.rollouts import Rollout
 from agentloop.learner.trainer import Trainer
 from agentloop.learner.update import Batch, collate
@@ -127,10 +129,20 @@ class SftTrainer(Trainer):
         c = self.config
         t0 = time.perf_counter()
         self.report({"phase": "experts", "iteration": i})
-        rollouts, counts = self.expert_batch(i)
+        tasks, counts = self.expert_tasks(i)
+        rollouts = expert_rollouts(self.tokenizer, tasks, self.limits(expert=True))
         self.safe_point(f"in iteration {i}, after drawing its experts")
         if not rollouts:
             return {"iteration": i, "experts": 0.0, **counts}
+        if c.recovery_share > 0:
+            self.report({"phase": "recovery", "iteration": i, "experts": len(rollouts)})
+            self.policy.clear_cache()  # the weights changed since the policy last ran
+            rollouts, found = with_recoveries(
+                self.policy, tasks, rollouts, self.limits(expert=True), c.max_new_tokens, c.recovery_share, self.rng
+            )
+            self.policy.clear_cache()
+            counts |= found
+            self.safe_point(f"in iteration {i}, after its recoveries")
         self.report({"phase": "updating", "iteration": i, "experts": len(rollouts), "steps": c.sft_steps})
         t1 = time.perf_counter()
         losses = run_steps(self, i, rollouts)

@@ -245,6 +245,11 @@ class Trainer:
 
     def expert_batch(self, i: int) -> tuple[list[Any], dict[str, float]]:
         """The iteration's expert trajectories as rollouts, and how many came from each source."""
+        tasks, counts = self.expert_tasks(i)
+        return experts.expert_rollouts(self.tokenizer, tasks, self.limits(expert=True)), counts
+
+    def expert_tasks(self, i: int) -> tuple[list[Any], dict[str, float]]:
+        """The iteration's expert tasks (EvalTasks with an `expert`), and how many came from each source."""
         c = self.config
         tasks: list[Any] = []
         counts: dict[str, float] = {}
@@ -264,7 +269,7 @@ class Trainer:
             oracles = experts.oracle_experts(self.source, c.experts_per_iteration - len(tasks), self.rng, c.procedural)
             tasks += oracles
             counts["experts/oracle"] = float(len(oracles))
-        return experts.expert_rollouts(self.tokenizer, tasks, self.limits(expert=True)), counts
+        return tasks, counts
 
     def dev_agreement(self) -> float:
         """Expert-action agreement, in percent: at held-out dev oracle prefixes (the same every time), the
