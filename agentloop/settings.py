@@ -80,6 +80,11 @@ class Settings(BaseSettings):
     )
     torch_threads: int | None = Field(None, description="torch intra-op threads (default: torch's choice).")
     max_batch_size: int = Field(16, description="Most sequences one generate call decodes together.")
+    max_batch_tokens: int = Field(
+        65536,
+        description="Most rows x padded width (context + new tokens) decoded together: bounds the batch's "
+        "KV cache (SmolLM2-135M: 46 KB a token, so 3 GB); a wider row decodes alone.",
+    )
 
     # --- agent limits (paper: 40 train / 50 eval turns, 1,500 new tokens, 3,000 obs tokens) --------
     agent_max_turns: int = Field(20, description="Turns before a served episode stops.")

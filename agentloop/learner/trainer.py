@@ -175,6 +175,7 @@ class Trainer:
             self.tokenizer,
             name=self.settings.model_name,
             max_batch_size=self.settings.max_batch_size,
+            max_batch_tokens=self.settings.max_batch_tokens,
             seed=self.config.seed,
         )
         self.train_tasks = self.source.train

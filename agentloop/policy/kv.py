@@ -55,5 +55,6 @@ class GrowingLayer(DynamicLayer):
 
 def with_room(cache: Any, room: int) -> Any:
     """`cache` (a DynamicCache) with each layer moved into a GrowingLayer with room for `room` more tokens."""
-    cache.layers = [GrowingLayer(layer.keys, layer.values, room) for layer in cache.layers]
+    for i, layer in enumerate(cache.layers):  # one layer at a time: the old one is freed as its copy is made
+        cache.layers[i] = GrowingLayer(layer.keys, layer.values, room)
     return cache

@@ -71,11 +71,13 @@ class LocalPolicy:
         max_batch_size: int = 16,
         seed: int | None = None,
         max_cached_episodes: int = 64,
+        max_batch_tokens: int = 65536,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.name = name
         self.max_batch_size = max_batch_size
+        self.max_batch_tokens = max_batch_tokens
         self._lock = threading.Lock()
         self._adapters: set[str] = set()
         self._prefixes: OrderedDict[str, _Prefix] = OrderedDict()
@@ -104,7 +106,13 @@ class LocalPolicy:
             settings.model_dtype,
             time.monotonic() - started,
         )
-        return cls(model, tokenizer, name=settings.model_name, max_batch_size=settings.max_batch_size)
+        return cls(
+            model,
+            tokenizer,
+            name=settings.model_name,
+            max_batch_size=settings.max_batch_size,
+            max_batch_tokens=settings.max_batch_tokens,
+        )
 
     # --- adapters --------------------------------------------------------------------------
     def load_adapter(self, name: str, path: str) -> None:
@@ -150,12 +158,31 @@ class LocalPolicy:
             groups[(req.adapter, req.temperature)].append(i)
         with self._lock:
             for (adapter, temperature), idx in groups.items():
-                for start in range(0, len(idx), self.max_batch_size):
-                    chunk = idx[start : start + self.max_batch_size]
+                for chunk in self._batches([requests[i] for i in idx], idx):
                     outs = self._sample([requests[i] for i in chunk], adapter, temperature)
                     for i, out in zip(chunk, outs, strict=True):
                         results[i] = out
         return [r for r in results if r is not None]
+
+    def _batches(self, reqs: Sequence[GenerationRequest], idx: list[int]) -> list[list[int]]:
+        """`idx` (the requests' indices) cut, in order, into batches of at most `max_batch_size` rows whose
+        padded width (longest context + most new tokens) times rows stays within `max_batch_tokens`: the
+        decode cache of a batch is rows x width tokens of keys/values (46 KB a token for SmolLM2-135M, so
+        16 rows of 8k tokens would be 6 GB, held several times over during a call). A row wider than the
+        budget decodes alone."""
+        batches: list[list[int]] = []
+        width = 0
+        for i, req in zip(idx, reqs, strict=True):
+            row = len(req.context) + req.max_new_tokens
+            if batches and len(batches[-1]) < self.max_batch_size:
+                wider = max(width, row)
+                if wider * (len(batches[-1]) + 1) <= self.max_batch_tokens:
+                    batches[-1].append(i)
+                    width = wider
+                    continue
+            batches.append([i])
+            width = row
+        return batches
 
     @torch.inference_mode()
     def _sample(self, reqs: list[GenerationRequest], adapter: str | None, temperature: float) -> list[Generation]:
@@ -215,7 +242,11 @@ class LocalPolicy:
         ids, mask, positions = ids.to(device), mask.to(device), positions.to(device)
         rows = torch.tensor(distinct, device=device)
         past = self._stack_prefixes([reuse[b] for b in distinct], P) if P else None
+        for r, (n, prefix) in zip(reqs, reuse, strict=True):  # this call keeps them again, longer: free them now
+            if n and r.key is not None and self._prefixes.get(r.key) is prefix:
+                del self._prefixes[r.key]
         logits, cache = self._prefill(ids[rows], mask[rows], positions[rows], past)
+        del past  # the prefill's cache holds its own copy of these keys/values
         if len(distinct) < B:
             slot = {b: k for k, b in enumerate(distinct)}
             back = torch.tensor([slot[o] for o in owner], device=device)

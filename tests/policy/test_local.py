@@ -214,6 +214,47 @@ def test_a_long_batch_is_prefilled_a_few_rows_at_a_time_with_the_same_results(ti
     assert whole_calls[:2] == [1, 4] and chunked_calls[:6] == [1, 1, 1, 1, 1, 4]
 
 
+def test_batches_stay_within_the_token_budget_with_the_same_results(tiny_model_dir):
+    """Rows are decoded together only while rows x (longest context + new tokens) fits max_batch_tokens;
+    a row wider than the budget decodes alone; what each row samples greedily does not change."""
+    tok = tiny_policy(tiny_model_dir).tokenizer
+    texts = ["short", "a somewhat longer context " * 4, "mid length text " * 2, "tiny", "x " * 40]
+    requests = [GenerationRequest(tok.encode(t, add_special_tokens=False), 6, temperature=0.0) for t in texts]
+    widths = [len(r.context) + 6 for r in requests]
+
+    def run(budget: int) -> tuple[list[list[int]], list[int]]:
+        policy = tiny_policy(tiny_model_dir, seed=1, max_batch_tokens=budget, max_cached_episodes=0)
+        prefills, forward = [], policy.model.forward
+        policy.model.forward = lambda *a, **k: (
+            (k["input_ids"].shape[1] > 1 and prefills.append(k["input_ids"].shape[0])) or forward(*a, **k)
+        )
+        return [g.token_ids for g in policy.generate(requests)], prefills
+
+    whole, whole_rows = run(10**6)
+    assert whole_rows == [5]
+    budget = 2 * max(widths[:2])  # the first two fit together; the widest row is over budget
+    assert max(widths) > budget // 2
+    split, split_rows = run(budget)
+    assert split == whole
+    expected, rows, width = [], 0, 0
+    for w in widths:  # the packing rule, by hand
+        if rows and max(width, w) * (rows + 1) <= budget:
+            rows, width = rows + 1, max(width, w)
+        else:
+            if rows:
+                expected.append(rows)
+            rows, width = 1, w
+    expected.append(rows)
+    assert split_rows == expected and len(expected) > 1 and sum(expected) == 5
+
+
+def test_a_row_wider_than_the_budget_decodes_alone(tiny_model_dir):
+    policy = tiny_policy(tiny_model_dir, max_batch_tokens=8)
+    reqs = [GenerationRequest([5, 6, 7, 8, 9], 4), GenerationRequest([5, 6], 4), GenerationRequest([7], 4)]
+    assert policy._batches(reqs, [0, 1, 2]) == [[0], [1], [2]]
+    assert tiny_policy(tiny_model_dir, max_batch_tokens=12)._batches(reqs, [0, 1, 2]) == [[0], [1, 2]]
+
+
 def test_a_cache_with_room_gives_what_concatenation_gives_and_grows_past_its_room(tiny_model_dir):
     """Decoding with keys/values written into a preallocated buffer (room for 3 tokens, then 8 steps: it grows
     twice) gives the logits and the cache of transformers' own cache, which concatenates."""
