@@ -158,22 +158,22 @@ class LocalPolicy:
             groups[(req.adapter, req.temperature)].append(i)
         with self._lock:
             for (adapter, temperature), idx in groups.items():
-                for chunk in self._batches([requests[i] for i in idx], idx):
+                for chunk in self._batches(requests, idx):
                     outs = self._sample([requests[i] for i in chunk], adapter, temperature)
                     for i, out in zip(chunk, outs, strict=True):
                         results[i] = out
         return [r for r in results if r is not None]
 
-    def _batches(self, reqs: Sequence[GenerationRequest], idx: list[int]) -> list[list[int]]:
-        """`idx` (the requests' indices) cut, in order, into batches of at most `max_batch_size` rows whose
+    def _batches(self, requests: Sequence[GenerationRequest], idx: list[int]) -> list[list[int]]:
+        """`idx` (indices into `requests`) cut, in order, into batches of at most `max_batch_size` rows whose
         padded width (longest context + most new tokens) times rows stays within `max_batch_tokens`: the
         decode cache of a batch is rows x width tokens of keys/values (46 KB a token for SmolLM2-135M, so
         16 rows of 8k tokens would be 6 GB, held several times over during a call). A row wider than the
         budget decodes alone."""
         batches: list[list[int]] = []
         width = 0
-        for i, req in zip(idx, reqs, strict=True):
-            row = len(req.context) + req.max_new_tokens
+        for i in idx:
+            row = len(requests[i].context) + requests[i].max_new_tokens
             if batches and len(batches[-1]) < self.max_batch_size:
                 wider = max(width, row)
                 if wider * (len(batches[-1]) + 1) <= self.max_batch_tokens:

@@ -232,7 +232,7 @@ def test_batches_stay_within_the_token_budget_with_the_same_results(tiny_model_d
 
     whole, whole_rows = run(10**6)
     assert whole_rows == [5]
-    budget = 2 * max(widths[:2])  # the first two fit together; the widest row is over budget
+    budget = 2 * max(widths[:2])  # the first two fit together; the widest row shares no batch
     assert max(widths) > budget // 2
     split, split_rows = run(budget)
     assert split == whole
