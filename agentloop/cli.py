@@ -5,7 +5,7 @@ agentloop grpc [--host H] [--port G]                   the gRPC API alone
 agentloop worker [--queues ...] [--pool ...]           a Celery worker
 agentloop beat                                         the Celery beat scheduler (lease sweeps)
 agentloop migrate                                      upgrade the database schema
-agentloop keys create --tenant T --role client|admin   print a new API key (once); also list, revoke
+agentloop keys create --tenant T --role client|admin|operator   print a new API key (once); also list, revoke
 agentloop demos import FILE.jsonl --tenant T           upload demonstrations (checked, replayed); also export
 agentloop demo                                         run built-in tasks and print each step
 """
@@ -60,7 +60,8 @@ def _migrate_if_embedded(settings: Settings) -> None:
 
 
 def _bootstrap_key(settings: Settings) -> Path | None:
-    """Local mode with no keys at all: create an admin key so the service can be used at once."""
+    """Local mode with no keys at all: create an operator key (whoever runs the local service owns the
+    deployment) so the service can be used at once."""
     from agentloop.api.auth import any_keys, create_key
     from agentloop.store.db import session_scope
 
@@ -69,7 +70,7 @@ def _bootstrap_key(settings: Settings) -> Path | None:
     with session_scope() as s:
         if any_keys(s):
             return None
-        _, key = create_key(s, "default", "admin", name="bootstrap")
+        _, key = create_key(s, "default", "operator", name="bootstrap")
     path = settings.home.resolve() / "admin.key"
     path.write_text(key + "\n")
     path.chmod(0o600)
@@ -248,7 +249,7 @@ def migrate(revision: str = typer.Argument("head", help="Target revision.")) -> 
 @keys_app.command("create")
 def keys_create(
     tenant: str = typer.Option(..., help="Tenant name (created if new)."),
-    role: str = typer.Option("client", help="client or admin."),
+    role: str = typer.Option("client", help="client, admin (of the tenant) or operator (of the deployment)."),
     name: str = typer.Option("", help="A label for the key."),
 ) -> None:
     """Create an API key and print it. It is shown only this once."""

@@ -1,4 +1,9 @@
-"""API keys: `al_<random>` shown once, stored as a sha256 hash; tenants and roles (client, admin)."""
+"""API keys: `al_<random>` shown once, stored as a sha256 hash; tenants and roles.
+
+Roles, each above the one before: `client` (tasks, feedback, apps and demonstrations of its tenant), `admin`
+(its tenant's training runs, adapters and settings), `operator` (the deployment's owner: the shared runs and
+adapter, every tenant's runs and adapters, `/metrics`, the private networks an app may call). An operator key
+belongs to a tenant too and acts as that tenant's admin on the tenant's own objects."""
 
 from __future__ import annotations
 
@@ -10,9 +15,9 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from agentloop.api.errors import PermissionDenied, Unauthenticated
-from agentloop.store.models import ApiKey, Tenant
+from agentloop.store.models import ApiKey, Tenant, utcnow
 
-ROLES = ("client", "admin")
+ROLES = ("client", "admin", "operator")
 KEY_PREFIX = "al_"
 
 
@@ -25,11 +30,22 @@ class Principal:
 
     @property
     def is_admin(self) -> bool:
-        return self.role == "admin"
+        """An admin of its tenant (an operator is one too)."""
+        return self.role in ("admin", "operator")
+
+    @property
+    def is_operator(self) -> bool:
+        return self.role == "operator"
 
     def require_admin(self) -> None:
         if not self.is_admin:
-            raise PermissionDenied("this needs an admin key; this key's role is 'client'")
+            raise PermissionDenied(f"this needs an admin key; this key's role is {self.role!r}")
+
+    def require_operator(self) -> None:
+        if not self.is_operator:
+            raise PermissionDenied(
+                f"this needs an operator key (the deployment's owner); this key's role is {self.role!r}"
+            )
 
 
 def hash_key(key: str) -> str:
@@ -69,7 +85,11 @@ def authenticate(session: Session, authorization: str | None) -> Principal:
     row = session.execute(
         sa.select(ApiKey, Tenant.name)
         .join(Tenant, Tenant.id == ApiKey.tenant_id)
-        .where(ApiKey.key_hash == hash_key(key.strip()), ApiKey.revoked_at.is_(None))
+        .where(
+            ApiKey.key_hash == hash_key(key.strip()),
+            ApiKey.revoked_at.is_(None),
+            sa.or_(ApiKey.expires_at.is_(None), ApiKey.expires_at > utcnow()),
+        )
     ).first()
     if row is None:
         raise Unauthenticated("invalid or revoked API key")

@@ -117,6 +117,11 @@ class Tenant(Base):
     __tablename__ = "tenants"
     id: Mapped[str] = mapped_column(sa.String(36), primary_key=True, default=new_id)
     name: Mapped[str] = mapped_column(sa.String(100), unique=True)
+    # whether the deployment's shared runs (an operator's, the schedule's) may train on this tenant's episodes,
+    # feedback and demonstrations; off until the tenant's admin turns it on
+    share_training: Mapped[bool] = mapped_column(default=False, server_default=sa.false())
+    # the tenant chose the base model itself (activated "base"): its episodes skip the shared adapter too
+    serve_base: Mapped[bool] = mapped_column(default=False, server_default=sa.false())
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
@@ -124,13 +129,14 @@ class ApiKey(Base):
     __tablename__ = "api_keys"
     id: Mapped[str] = mapped_column(sa.String(36), primary_key=True, default=new_id)
     tenant_id: Mapped[str] = mapped_column(sa.ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
-    role: Mapped[str] = mapped_column(sa.String(16))  # client | admin
+    role: Mapped[str] = mapped_column(sa.String(16))  # client | admin | operator
     name: Mapped[str] = mapped_column(sa.String(100), default="")
     prefix: Mapped[str] = mapped_column(sa.String(16))  # shown in listings; the key itself is never stored
     key_hash: Mapped[str] = mapped_column(sa.String(64), unique=True)  # sha256 hex of the full key
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     last_used_at: Mapped[datetime | None]
     revoked_at: Mapped[datetime | None]
+    expires_at: Mapped[datetime | None]  # a rotated key: valid until then (the grace period), refused after
 
     tenant: Mapped[Tenant] = relationship()
 
@@ -206,6 +212,8 @@ class TrainingRun(Base):
     cancel_requested: Mapped[bool] = mapped_column(default=False, server_default=sa.false())
     error: Mapped[str | None] = mapped_column(Text)  # why it failed, was cancelled or was re-queued
     adapter: Mapped[str | None] = mapped_column(sa.String(200))
+    # what the run read besides the world: {"episodes": [ids of logged episodes], "tenants": [their tenant ids]}
+    trained_on: Mapped[dict[str, Any]] = mapped_column(default=dict, server_default="{}")
     lease_owner: Mapped[str | None] = mapped_column(sa.String(200))
     lease_expires_at: Mapped[datetime | None]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
@@ -336,6 +344,9 @@ class Adapter(Base):
     id: Mapped[int] = mapped_column(sa.Integer, primary_key=True)
     name: Mapped[str] = mapped_column(sa.String(200), unique=True)  # <base>@v<N>
     base_model: Mapped[str] = mapped_column(sa.String(200))
+    # whose it is: the tenant whose run trained it (served to that tenant only), or None: the deployment's
+    # shared adapter, served to every tenant without an active one of its own
+    tenant_id: Mapped[str | None] = mapped_column(sa.ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
     version: Mapped[int]
     parent: Mapped[str | None] = mapped_column(sa.String(200))
     training_run_id: Mapped[str | None] = mapped_column(sa.ForeignKey("training_runs.id", ondelete="SET NULL"))
