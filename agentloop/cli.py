@@ -6,6 +6,7 @@ agentloop worker [--queues ...] [--pool ...]           a Celery worker
 agentloop beat                                         the Celery beat scheduler (lease sweeps)
 agentloop migrate                                      upgrade the database schema
 agentloop keys create --tenant T --role client|admin|operator   print a new API key (once); also list, revoke
+agentloop keys rotate KEY_ID --grace 1h                print its replacement (once); the old key ends after the grace
 agentloop demos import FILE.jsonl --tenant T           upload demonstrations (checked, replayed); also export
 agentloop demo                                         run built-in tasks and print each step
 """
@@ -273,14 +274,22 @@ def keys_list(tenant: str = typer.Option(None, help="Only this tenant.")) -> Non
     import sqlalchemy as sa
 
     from agentloop.store.db import session_scope
-    from agentloop.store.models import ApiKey, Tenant
+    from agentloop.store.models import ApiKey, Tenant, utcnow
 
     with session_scope() as s:
         stmt = sa.select(ApiKey, Tenant.name).join(Tenant).order_by(ApiKey.created_at)
         if tenant:
             stmt = stmt.where(Tenant.name == tenant)
+        now = utcnow()
         for key, tname in s.execute(stmt):
-            state = "revoked" if key.revoked_at else "active"
+            if key.revoked_at:
+                state = "revoked"
+            elif key.expires_at is None:
+                state = "active"
+            else:
+                state = (
+                    "expired" if key.expires_at <= now else f"expires {key.expires_at.isoformat(timespec='seconds')}"
+                )
             typer.echo(f"{key.id}  {key.prefix}…  tenant={tname}  role={key.role}  {state}  {key.name}")
 
 
@@ -297,6 +306,39 @@ def keys_revoke(key_id: str = typer.Argument(..., help="Id shown by `keys list`.
             raise typer.BadParameter(f"no key with id {key_id}")
         key.revoked_at = utcnow()
     typer.echo(f"revoked {key_id}")
+
+
+@keys_app.command("rotate")
+def keys_rotate(
+    key_id: str = typer.Argument(..., help="Id shown by `keys list`."),
+    grace: str = typer.Option(
+        ..., help="How long the old key keeps working: 30s, 15m, 2h, 1d, or 0 (revoked now). Never lengthens it."
+    ),
+) -> None:
+    """Replace an API key: print a new one (same tenant, role and name) once; the old one ends after --grace."""
+    _setup()
+    from agentloop.api.auth import parse_grace, rotate_key
+    from agentloop.api.errors import InvalidRequest, ServiceError
+    from agentloop.store.db import session_scope
+    from agentloop.store.models import ApiKey
+
+    try:
+        grace_s = parse_grace(grace)
+    except InvalidRequest as exc:
+        raise typer.BadParameter(exc.message, param_hint="--grace") from None
+    with session_scope() as s:
+        try:
+            row, key = rotate_key(s, key_id, grace_s)
+        except ServiceError as exc:
+            raise typer.BadParameter(exc.message, param_hint="KEY_ID") from None
+        old = s.get_one(ApiKey, key_id)
+        ends = f"works until {old.expires_at.isoformat(timespec='seconds')}" if old.expires_at else "was revoked now"
+        typer.echo(key)
+        typer.echo(
+            f"(tenant {row.tenant.name}, role {row.role}, id {row.id}; the old key {key_id} {ends}; "
+            "store the new one now, it is not shown again)",
+            err=True,
+        )
 
 
 @demos_app.command("import")
@@ -463,7 +505,11 @@ def eval_command(
     k: int = typer.Option(1, min=1, help="Episodes per task."),
     limit: int = typer.Option(None, min=1, help="Only the first N tasks of the split."),
     app_name: str = typer.Option(None, "--app", help="Evaluate on a registered external app instead."),
-    tenant: str = typer.Option(None, help="Tenant that registered --app (needed if several did)."),
+    tenant: str = typer.Option(
+        None,
+        help="The tenant whose run it is: it trains that tenant's adapter on its data only. Default: the app's "
+        "tenant with --app, else a shared run (the shared adapter; data of tenants that share theirs).",
+    ),
     task_refs: Path = typer.Option(
         None,
         help="File of task refs, one per line: run those tasks of the world or of --app instead of --split.",
@@ -528,7 +574,7 @@ def _learn_run(
     import sqlalchemy as sa
 
     from agentloop.learner.config import LoopConfig
-    from agentloop.learner.task_source import TaskSourceError, TaskSourceUnavailable, load_source
+    from agentloop.learner.task_source import TaskSourceError, TaskSourceUnavailable, find_app, load_source
     from agentloop.store.db import session_scope
     from agentloop.store.models import Tenant, TrainingRun, TrainingRunStatus, utcnow
     from agentloop.store.training_runs import CLI_TRIGGER
@@ -558,15 +604,15 @@ def _learn_run(
                     config = LoopConfig.for_algo(algo, iterations=iterations, **overrides)
             except (TypeError, ValueError) as exc:
                 raise typer.BadParameter(str(exc)) from None
-            tenant_id = None
+            tenant_id = None  # a shared run: the shared adapter, on the data of the tenants that share theirs
             if tenant is not None:
-                if config.app is None:
-                    raise typer.BadParameter("--tenant says whose --app to train on; give --app", param_hint="--tenant")
                 tenant_id = s.scalar(sa.select(Tenant.id).where(Tenant.name == tenant))
                 if tenant_id is None:
                     raise typer.BadParameter(f"no tenant named {tenant!r}", param_hint="--tenant")
             try:
-                source = load_source(s, config, tenant_id, settings.secret_key)
+                if tenant_id is None and config.app is not None:  # a run on an app is its tenant's
+                    tenant_id = find_app(s, config.app, None).tenant_id
+                load_source(s, config, tenant_id, settings.secret_key)
             except TaskSourceError as exc:
                 raise typer.BadParameter(str(exc), param_hint="--app" if config.app else "--set world") from None
             except TaskSourceUnavailable as exc:
@@ -576,7 +622,7 @@ def _learn_run(
                 algo=config.label,
                 status="queued",
                 trigger=CLI_TRIGGER,
-                tenant_id=source.tenant_id,  # a run on an app is its tenant's
+                tenant_id=tenant_id,
                 config=config.to_dict(),
                 progress={},
             )
@@ -603,7 +649,11 @@ def learn(
     app_name: str = typer.Option(
         None, "--app", help="Train on a registered resettable app's train tasks instead of the world's."
     ),
-    tenant: str = typer.Option(None, help="Tenant that registered --app (needed if several did)."),
+    tenant: str = typer.Option(
+        None,
+        help="The tenant whose run it is: it trains that tenant's adapter on its data only. Default: the app's "
+        "tenant with --app, else a shared run (the shared adapter; data of tenants that share theirs).",
+    ),
     option: list[str] = typer.Option([], "--set", help="Any training option as key=value (JSON values)."),
     resume: str = typer.Option(None, help="Resume this training run from its last checkpoint."),
 ) -> None:

@@ -85,6 +85,12 @@ class Settings(BaseSettings):
         description="Most rows x padded width (context + new tokens) decoded together: bounds the batch's "
         "KV cache (SmolLM2-135M: 46 KB a token, so 3 GB); a wider row decodes alone.",
     )
+    max_adapters: int = Field(
+        8,
+        ge=1,
+        description="Most served adapter versions a worker's policy holds at once (tenants' and the shared one); "
+        "past it the least recently used one no episode runs on is unloaded.",
+    )
 
     # --- agent limits (paper: 40 train / 50 eval turns, 1,500 new tokens, 3,000 obs tokens) --------
     agent_max_turns: int = Field(20, description="Turns before a served episode stops.")

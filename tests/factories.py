@@ -103,6 +103,8 @@ class Keys:
     tenant_a_client: str
     tenant_a_admin: str
     tenant_b_client: str
+    tenant_b_admin: str
+    operator: str  # the deployment's owner; its key belongs to tenant-a
 
 
 def make_keys(session: Session) -> Keys:
@@ -112,6 +114,8 @@ def make_keys(session: Session) -> Keys:
         tenant_a_client=create_key(session, "tenant-a", "client")[1],
         tenant_a_admin=create_key(session, "tenant-a", "admin")[1],
         tenant_b_client=create_key(session, "tenant-b", "client")[1],
+        tenant_b_admin=create_key(session, "tenant-b", "admin")[1],
+        operator=create_key(session, "tenant-a", "operator")[1],
     )
     session.commit()
     return keys

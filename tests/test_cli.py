@@ -177,6 +177,39 @@ def test_keys_create_prints_a_working_key_once(sqlite_db):
     assert bad.returncode != 0 and "role must be one of" in bad.stderr
 
 
+def test_keys_rotate_prints_a_working_key_and_the_old_one_ends_after_its_grace(sqlite_db):
+    from agentloop.api.auth import authenticate
+    from agentloop.api.errors import Unauthenticated
+    from agentloop.store.db import get_sessionmaker
+
+    old = run_cli("keys", "create", "--tenant", "acme", "--role", "admin", "--name", "ci")
+    old_key = old.stdout.strip()
+    old_id = re.search(r"id ([0-9a-f-]{36})", old.stderr)[1]
+    result = run_cli("keys", "rotate", old_id, "--grace", "2h")
+    assert result.returncode == 0, result.stderr
+    new_key = result.stdout.strip()
+    assert new_key.startswith("al_") and new_key != old_key and "not shown again" in result.stderr
+    with get_sessionmaker()() as s:
+        assert authenticate(s, f"Bearer {new_key}").role == "admin"
+        assert authenticate(s, f"Bearer {old_key}").tenant == "acme"  # during the grace
+    (old_line,) = [line for line in run_cli("keys", "list").stdout.splitlines() if line.startswith(old_id)]
+    assert re.search(r"  expires \d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00  ci$", old_line), old_line
+
+    at_once = run_cli("keys", "rotate", old_id, "--grace", "0")  # still valid: rotating again revokes it now
+    assert at_once.returncode == 0, at_once.stderr
+    with get_sessionmaker()() as s, pytest.raises(Unauthenticated):
+        authenticate(s, f"Bearer {old_key}")
+
+    for args, message in [
+        ((old_id, "--grace", "90"), "like 30s, 15m, 2h or 1d"),
+        (("no-such-id", "--grace", "1h"), "no key with id 'no-such-id'"),
+        ((old_id, "--grace", "1h"), f"key {old_id} was revoked at"),
+    ]:
+        refused = run_cli("keys", "rotate", *args)
+        said = " ".join(refused.stderr.replace("│", " ").split())  # the message as one line, out of its box
+        assert refused.returncode != 0 and message in said, refused.stderr
+
+
 @pytest.mark.parametrize(
     ("env", "sentence"),
     [

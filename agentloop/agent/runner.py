@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +22,7 @@ from agentloop.apps.external import free_instruction_refusal, split_task_ref
 from agentloop.apps.registry import get_world
 from agentloop.apps.remote_env import EnvironmentFailure
 from agentloop.apps.world import World
+from agentloop.learner.adapters import verify_files
 from agentloop.policy.base import Policy
 from agentloop.settings import Settings
 from agentloop.store import adapters as adapter_store
@@ -112,42 +113,111 @@ def prepare_world(task: Task, settings: Settings) -> Prepared:
     return Prepared(world, evaluator, external)
 
 
-class AdapterPins:
-    """Which adapters running episodes use. An episode pins the active adapter when it starts and keeps
-    it to its end (a promotion never changes a running episode); a served version that is neither active
-    nor pinned is unloaded, so a long-lived worker holds at most the active version and those in flight.
-    Adapters loaded by others (a rollout job's weights) are theirs to unload.
+@dataclass(frozen=True)
+class _Version:
+    id: int
+    name: str
+    path: str
+    sha256: str
+    owner: str | None
 
-    The active version is read from the database when an episode starts; `follow` also loads it as soon
-    as its activation is announced, so the first episode after a switch does not wait for the load."""
+
+DAMAGE_RECHECK_S = 30.0  # a version found damaged is checked again (its files may be restored) this often
+
+
+class AdapterPins:
+    """Which adapters running episodes use. An episode pins the version its tenant is served when it starts
+    (the tenant's active one, else the shared one, else none: `store.adapters.serving_adapter`) and keeps it
+    to its end (a promotion never changes a running episode). Several tenants' versions are held side by side;
+    a served version no episode runs on is unloaded once no owner has it active any more, or when more than
+    `max_adapters` are held (least recently used first). Adapters loaded by others (a rollout job's weights)
+    are theirs to unload.
+
+    A version is verified (its files present, their sha256 as written) before it is loaded. One that fails is
+    damaged: the episode runs on the next of `store.adapters.serving_chain` (the owner's previous good version,
+    the shared one, at last the base model), the reason is logged and stored on the version (`/readyz`,
+    `/metrics`), and the version is tried again after DAMAGE_RECHECK_S.
+
+    The version is read from the database when an episode starts; `follow` also loads a version as soon as
+    its activation is announced, so the first episode after a switch does not wait for the load."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._count: Counter[str] = Counter()
-        self._served: set[str] = set()  # versions loaded into the policy by these pins
+        self._served: OrderedDict[str, None] = OrderedDict()  # loaded by these pins, least recently used first
+        self._damaged: dict[str, tuple[str, float]] = {}  # name -> (why, when found: time.monotonic())
         self._listener: events.Listener | None = None
 
-    def pin(self, policy: Policy, settings: Settings) -> str | None:
-        return self._load_active(policy, settings, pin=True)
+    def pin(self, policy: Policy, settings: Settings, tenant_id: str | None = None) -> str | None:
+        return self._load_active(policy, settings, tenant_id, pin=True)
 
-    def preload(self, policy: Policy, settings: Settings) -> str | None:
-        """Load the active version now (and unload served ones no episode uses); pins nothing."""
-        return self._load_active(policy, settings, pin=False)
+    def preload(self, policy: Policy, settings: Settings, tenant_id: str | None = None) -> str | None:
+        """Load the version `tenant_id` (None: the shared one) is served now, and unload served ones no episode
+        uses and no owner has active; pins nothing."""
+        return self._load_active(policy, settings, tenant_id, pin=False)
 
-    def _load_active(self, policy: Policy, settings: Settings, pin: bool) -> str | None:
+    def _load_active(self, policy: Policy, settings: Settings, tenant_id: str | None, pin: bool) -> str | None:
         with session_scope() as s:
-            active = adapter_store.active_adapter(s, settings.model_name)
-            name, path = (active.name, active.path) if active else (None, None)
+            chain = [
+                _Version(row.id, row.name, row.path, row.sha256, row.tenant_id)
+                for row in adapter_store.serving_chain(s, settings.model_name, tenant_id)
+            ]
+            live = adapter_store.active_names(s, settings.model_name)
+        found: list[tuple[_Version, str | None]] = []  # what loading learnt: (version, why damaged | None)
         with self._lock:
-            if name is not None and path is not None and name not in policy.loaded_adapters():
-                policy.load_adapter(name, path)
-                self._served.add(name)
-            if pin and name is not None:
-                self._count[name] += 1
-            for unused in self._served - {name} - set(+self._count):
-                policy.unload_adapter(unused)
-                self._served.discard(unused)
-        return name
+            chosen = None
+            for version in chain:
+                why = self._load(policy, version)
+                if why is None:
+                    chosen = version.name
+                    if self._damaged.pop(version.name, None) is not None:
+                        found.append((version, None))  # its files verify again
+                    break
+                if why:
+                    found.append((version, why))
+            if any(why for _, why in found):
+                log.warning(
+                    "adapter %s cannot be served (%s); episodes of %s run on %s",
+                    chain[0].name,
+                    self._damaged[chain[0].name][0],
+                    f"tenant {tenant_id}" if tenant_id else "the deployment",
+                    chosen or "the base model",
+                )
+            if chosen is not None:
+                self._served[chosen] = None
+                self._served.move_to_end(chosen)
+                if pin:
+                    self._count[chosen] += 1
+            idle = [n for n in self._served if n != chosen and not self._count[n]]
+            over = len(self._served) - settings.max_adapters
+            for unused in idle:
+                if unused not in live or over > 0:
+                    policy.unload_adapter(unused)
+                    del self._served[unused]
+                    over -= 1
+        if found:
+            with session_scope() as s:
+                for version, why in found:
+                    adapter_store.record_damage(s, version.id, why)
+        return chosen
+
+    def _load(self, policy: Policy, version: _Version) -> str | None:
+        """None when `version` is loaded now; why it cannot be: a new finding (to record), or "" when it was
+        found damaged less than DAMAGE_RECHECK_S ago (already recorded). Under the lock."""
+        if version.name in policy.loaded_adapters():
+            return None  # in memory: whatever happened to its files since
+        known = self._damaged.get(version.name)
+        if known is not None and time.monotonic() - known[1] < DAMAGE_RECHECK_S:
+            return ""
+        try:
+            verify_files(version.name, version.path, version.sha256)
+            policy.load_adapter(version.name, version.path)
+        except Exception as exc:  # missing, changed or unloadable files: the next version serves
+            why = str(exc) if isinstance(exc, (FileNotFoundError, ValueError)) else f"{type(exc).__name__}: {exc}"
+            fresh = known is None or known[0] != why
+            self._damaged[version.name] = (why, time.monotonic())
+            return why if fresh else ""
+        return None
 
     def follow(self, policy: Policy, settings: Settings) -> events.Listener | None:
         """Preload each version as its activation is announced (Redis pub/sub), from a thread of this
@@ -159,7 +229,7 @@ class AdapterPins:
 
         def on_notice(notice: dict[str, Any] | None) -> None:
             if notice is None or notice.get("base_model") == settings.model_name:
-                self.preload(policy, settings)
+                self.preload(policy, settings, (notice or {}).get("tenant_id"))
 
         with self._lock:
             if self._listener is None:
@@ -181,10 +251,10 @@ class AdapterPins:
 PINS = AdapterPins()
 
 
-def pin_adapter(policy: Policy, settings: Settings) -> str | None:
-    """The active adapter for an episode starting now, loaded into the policy if needed; the caller
+def pin_adapter(policy: Policy, settings: Settings, tenant_id: str | None = None) -> str | None:
+    """The adapter `tenant_id`'s episode starting now runs on, loaded into the policy if needed; the caller
     releases it with `PINS.release` when the episode ends."""
-    return PINS.pin(policy, settings)
+    return PINS.pin(policy, settings, tenant_id)
 
 
 def run_served_task(task_id: str, owner: str, policy: Policy, settings: Settings) -> str:
@@ -209,7 +279,7 @@ def run_served_task(task_id: str, owner: str, policy: Policy, settings: Settings
     try:
         prepared = prepare_world(task, settings)
         try:
-            adapter = pin_adapter(policy, settings)
+            adapter = pin_adapter(policy, settings, task.tenant_id)
         except BaseException:
             _end_app_episode(prepared)
             raise

@@ -36,5 +36,11 @@ def get_admin(principal: Annotated[Principal, Depends(get_principal)]) -> Princi
     return principal
 
 
+def get_operator(principal: Annotated[Principal, Depends(get_principal)]) -> Principal:
+    principal.require_operator()
+    return principal
+
+
 CurrentPrincipal = Annotated[Principal, Depends(get_principal)]
 AdminPrincipal = Annotated[Principal, Depends(get_admin)]
+OperatorPrincipal = Annotated[Principal, Depends(get_operator)]

@@ -12,7 +12,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from agentloop.store.db import get_engine
-from agentloop.store.models import Adapter, Episode, Task, TaskStatus
+from agentloop.store.models import Adapter, Episode, Task, TaskStatus, Tenant
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,15 @@ class StoreCollector(Collector):
             "agentloop_episodes_finished", "Finished episodes by finish reason.", labels=["finish_reason"]
         )
         active = GaugeMetricFamily(
-            "agentloop_active_adapter_version", "Version of the active adapter per base.", labels=["base_model"]
+            "agentloop_active_adapter_version",
+            "Version of each owner's active adapter per base (owner: a tenant's name, or `shared`).",
+            labels=["base_model", "owner"],
+        )
+        damaged = GaugeMetricFamily(
+            "agentloop_adapter_damaged",
+            "1 for each owner's active adapter a worker could not serve (files missing, changed or unloadable); "
+            "its episodes run on a fallback.",
+            labels=["base_model", "owner", "adapter"],
         )
         try:
             with get_engine().connect() as conn:
@@ -53,16 +61,25 @@ class StoreCollector(Collector):
                     .group_by(Episode.finish_reason)
                 ):
                     episodes.add_metric([str(reason)], float(n))
-                for base, version in conn.execute(
-                    sa.select(Adapter.base_model, Adapter.version).where(Adapter.status == "active")
+                for base, version, owner in conn.execute(
+                    sa.select(Adapter.base_model, Adapter.version, Tenant.name)
+                    .outerjoin(Tenant, Tenant.id == Adapter.tenant_id)
+                    .where(Adapter.status == "active")
                 ):
-                    active.add_metric([base], float(version))
+                    active.add_metric([base, owner or "shared"], float(version))
+                for base, name, owner in conn.execute(
+                    sa.select(Adapter.base_model, Adapter.name, Tenant.name)
+                    .outerjoin(Tenant, Tenant.id == Adapter.tenant_id)
+                    .where(Adapter.status == "active", Adapter.damage.is_not(None))
+                ):
+                    damaged.add_metric([base, owner or "shared", name], 1.0)
         except Exception as exc:  # a scrape must not fail because the database blinked
             log.warning("metrics: store unavailable: %s", exc)
             return
         yield tasks
         yield episodes
         yield active
+        yield damaged
 
 
 REGISTRY.register(StoreCollector())

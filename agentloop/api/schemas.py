@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
 from agentloop.learner.config import Algo
 from agentloop.store.models import TaskStatus
@@ -155,7 +155,22 @@ class AppCreate(Strict):
     openapi: dict[str, Any] = Field(..., description="The OpenAPI 3 document; each operationId becomes an API.")
     base_url: str = Field(..., max_length=2_000, description="Where the operations' paths are served.")
     auth_header: AuthHeader | None = Field(None, description="Sent on every call; stored encrypted.")
-    allow_private: bool = Field(False, description="Allow loopback/private addresses (admin keys only).")
+    allowed_networks: list[str] = Field(
+        default_factory=list,
+        max_length=32,
+        description="Private networks (CIDRs, like 10.0.0.0/8) it may also be called on; operator keys only. "
+        "Link-local, multicast, broadcast and 0.0.0.0/8 are never allowed.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_allow_private(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "allow_private" in data:
+            raise ValueError(
+                "allow_private was replaced by allowed_networks: name the private networks (CIDRs) the app is "
+                'served on, like ["10.0.0.0/8"] (operator keys only)'
+            )
+        return data
 
 
 class AppPublic(BaseModel):
@@ -164,6 +179,7 @@ class AppPublic(BaseModel):
     kind: Literal["builtin", "openapi"]
     apis: int
     base_url: str | None = None
+    allowed_networks: list[str] = Field(default_factory=list, description="Private networks it may be called on.")
     resettable: bool = Field(False, description="Declares agentloop_reset/evaluate: usable for eval and training.")
 
 
@@ -220,6 +236,11 @@ class TrainCreate(Strict):
         "(`default`: sft, then stepagent-implicit, then loop+step).",
     )
     iterations: int = Field(1, ge=1, le=1000, description="Iterations to run (a recipe's phases say their own).")
+    shared: bool = Field(
+        False,
+        description="Operator keys only: a shared run, which trains the deployment's shared adapter on the data of "
+        "the tenants that share theirs. Otherwise the run is the key's tenant's: its adapter, its data only.",
+    )
     config: dict[str, Any] = Field(
         default_factory=dict,
         description="Overrides of the training config (e.g. tasks_per_iteration, lr; world, or app: the name of one "
@@ -241,6 +262,10 @@ class TrainingRunPublic(BaseModel):
     config: dict[str, Any]
     error: str | None = Field(description="Why it failed or was cancelled (or was re-queued after a lost learner).")
     adapter: str | None = Field(description="The last adapter this run produced.")
+    shared: bool = Field(description="A shared run (the deployment's adapter), not one tenant's.")
+    trained_on: dict[str, Any] = Field(
+        description="What it read besides its world: `tenants` whose data it may read, `episodes` it used."
+    )
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
@@ -252,11 +277,36 @@ class AdapterPublic(BaseModel):
     base_model: str
     parent: str | None
     status: Literal["candidate", "active", "rejected", "retired"]
+    shared: bool = Field(description="The deployment's shared adapter (else the tenant's own).")
     training_run_id: str | None
     metrics: dict[str, Any]
     sha256: str
     created_at: datetime
     activated_at: datetime | None
+    damage: str | None = Field(
+        None, description="Why a worker could not serve its files (missing, checksum wrong); None while they verify."
+    )
+
+
+class BaseServed(BaseModel):
+    """Activating `base`: the owner's episodes run on the base model."""
+
+    name: Literal["base"] = "base"
+    base_model: str
+    status: Literal["active"] = "active"
+
+
+class TenantPublic(BaseModel):
+    name: str
+    share_training: bool = Field(
+        description="Shared runs (the deployment's adapter) may train on this tenant's episodes, feedback and "
+        "demonstrations."
+    )
+    serving: str = Field(description="What new episodes run on: an adapter version's name, or `base`.")
+
+
+class TenantUpdate(Strict):
+    share_training: StrictBool
 
 
 MAX_DEMONSTRATION_STEPS = 200

@@ -37,10 +37,13 @@ from agentloop.api.schemas import (
     TaskPublic,
     TaskStatusName,
     TaskTarget,
+    TenantPublic,
+    TenantUpdate,
     ToolCallPublic,
     TrainCreate,
     TrainingRunPublic,
 )
+from agentloop.apps.addresses import NetworkError, parse_networks
 from agentloop.apps.external import ExternalApp, free_instruction_refusal, split_task_ref
 from agentloop.apps.openapi import (
     EVALUATE_OP,
@@ -64,6 +67,7 @@ from agentloop.store import adapters as adapter_store
 from agentloop.store import apps as app_store
 from agentloop.store import episodes as episode_store
 from agentloop.store import tasks as task_store
+from agentloop.store import tenants as tenant_store
 from agentloop.store import training_runs as run_store
 from agentloop.store.models import (
     Adapter,
@@ -327,14 +331,18 @@ def register_app(session: Session, principal: Principal, body: AppCreate, secret
     header encrypted)."""
     if body.name in _world("builtin").apps:
         raise Conflict(f"{body.name!r} is the name of a built-in app; choose another name")
-    if body.allow_private and not principal.is_admin:
+    if body.allowed_networks and not principal.is_operator:
         raise PermissionDenied(
-            "allow_private needs an admin key: only an admin may let the agent call loopback or private addresses"
+            "allowed_networks needs an operator key: only the deployment's operator may let the agent call "
+            "private networks"
         )
     try:
+        networks = parse_networks(body.allowed_networks)
         operations = parse_document(body.openapi)
         check_argument_schemas(operations)
-        Origin.parse(body.base_url).checked_addresses(body.allow_private)
+        Origin.parse(body.base_url).checked_addresses(networks)
+    except NetworkError as exc:
+        raise InvalidRequest(str(exc)) from None
     except DocumentLimitExceeded as exc:
         raise InvalidRequest(str(exc), {"limit": exc.setting, "value": exc.limit, "env": exc.env}) from None
     except AppRegistrationError as exc:
@@ -352,7 +360,7 @@ def register_app(session: Session, principal: Principal, body: AppCreate, secret
         spec=body.openapi,
         base_url=body.base_url,
         auth_header_encrypted=header,
-        allow_private=body.allow_private,
+        allowed_networks=[str(network) for network in networks],
     )
     app_store.store_operations(row, operations)
     try:
@@ -383,6 +391,7 @@ def app_public(row: App) -> AppPublic:
         kind="openapi",
         apis=len(ids - HIDDEN_OPS),
         base_url=row.base_url,
+        allowed_networks=list(row.allowed_networks),
         resettable={RESET_OP, EVALUATE_OP} <= ids,
     )
 
@@ -419,6 +428,9 @@ def start_training(
     its app (`config.app`: one of the tenant's registered apps), is checked first: nothing is stored for a
     run that could not train."""
     principal.require_admin()
+    if body.shared:
+        principal.require_operator()
+    tenant_id = None if body.shared else principal.tenant_id
     try:
         if body.recipe is not None:
             config = LoopConfig.for_recipe(body.recipe, **body.config)
@@ -427,7 +439,7 @@ def start_training(
     except (TypeError, ValueError) as exc:
         raise InvalidRequest(str(exc)) from None
     try:
-        load_source(session, config, principal.tenant_id, secret_key)
+        load_source(session, config, tenant_id, secret_key)
     except TaskSourceError as exc:
         raise InvalidRequest(str(exc)) from None
     except TaskSourceUnavailable as exc:
@@ -436,7 +448,7 @@ def start_training(
         algo=config.label,
         status=TrainingRunStatus.QUEUED,
         trigger=trigger,
-        tenant_id=principal.tenant_id,
+        tenant_id=tenant_id,
         config=config.to_dict(),
         progress={"phase": "queued"},
     )
@@ -445,18 +457,23 @@ def start_training(
     return run
 
 
-def get_training_run(session: Session, principal: Principal, run_id: str, for_update: bool = False) -> TrainingRun:
-    """A run this tenant's admins may see: one they started, or the deployment's. Anyone else's is NotFound."""
+def _owner_scope(principal: Principal) -> str | None:
+    """Whose runs and adapters the caller sees: its tenant's (an admin), or every owner's (None: an operator)."""
     principal.require_admin()
-    run = run_store.get_run(session, run_id, principal.tenant_id, for_update=for_update)
+    return None if principal.is_operator else principal.tenant_id
+
+
+def get_training_run(session: Session, principal: Principal, run_id: str, for_update: bool = False) -> TrainingRun:
+    """A run the caller may see: a tenant admin its tenant's runs, an operator every run (the shared ones
+    too). Anyone else's is NotFound."""
+    run = run_store.get_run(session, run_id, _owner_scope(principal), for_update=for_update)
     if run is None:
         raise NotFound(f"no training run {run_id!r}")
     return run
 
 
 def list_training_runs(session: Session, principal: Principal, limit: int = 20) -> Sequence[TrainingRun]:
-    principal.require_admin()
-    return run_store.list_runs(session, principal.tenant_id, limit)
+    return run_store.list_runs(session, _owner_scope(principal), limit)
 
 
 def cancel_training_run(session: Session, principal: Principal, run_id: str) -> TrainingRun:
@@ -471,23 +488,49 @@ def cancel_training_run(session: Session, principal: Principal, run_id: str) -> 
 
 
 def list_adapters(session: Session, principal: Principal, base_model: str | None = None) -> Sequence[Adapter]:
-    principal.require_admin()
-    return adapter_store.list_adapters(session, base_model)
+    """A tenant admin's: its tenant's versions; an operator's: every owner's, the shared ones included."""
+    scope = _owner_scope(principal)
+    return adapter_store.list_adapters(session, base_model, scope, every_owner=scope is None)
 
 
-def activate_adapter(session: Session, principal: Principal, name: str) -> Adapter:
-    """Make any stored version active (promotion by hand, or rollback). The caller commits and announces."""
-    principal.require_admin()
+BASE = "base"  # the adapter name that stands for none: the base model
+
+
+def activate_adapter(session: Session, principal: Principal, name: str) -> Adapter | None:
+    """Make a stored version its owner's active one (promotion by hand, or rollback): a tenant admin one of its
+    tenant's, an operator any (the shared ones). `base`: the caller's tenant (an operator: the deployment) is
+    served the base model; returns None then. The caller commits and announces."""
+    scope = _owner_scope(principal)
+    if name == BASE:
+        adapters.activate_base(session, get_settings().model_name, scope)
+        return None
     row = adapter_store.get_adapter(session, name)
-    if row is None:
-        raise NotFound(f"no adapter {name!r}; list them with GET /v1/admin/adapters (gRPC: AdminService.ListAdapters)")
-    if row.status == "active":
-        return row
-    try:
+    if row is None or (scope is not None and row.tenant_id != scope):
+        raise NotFound(
+            f"no adapter {name!r}; list them with GET /v1/admin/adapters (gRPC: AdminService.ListAdapters), "
+            f"or activate {BASE!r} for the base model"
+        )
+    try:  # the active one again too: its files are verified (and a damage found earlier cleared) all the same
         adapters.activate(session, row)
     except (FileNotFoundError, ValueError) as exc:
         raise Conflict(f"cannot activate {name}: {exc}") from None
     return row
+
+
+def tenant_public(session: Session, principal: Principal) -> TenantPublic:
+    principal.require_admin()
+    row = tenant_store.get_tenant(session, principal.tenant_id)
+    assert row is not None, "a key's tenant exists"
+    served = adapter_store.serving_adapter(session, get_settings().model_name, principal.tenant_id)
+    return TenantPublic(name=row.name, share_training=row.share_training, serving=served.name if served else BASE)
+
+
+def update_tenant(session: Session, principal: Principal, body: TenantUpdate) -> None:
+    """Change the caller's tenant's own settings. The caller commits."""
+    principal.require_admin()
+    row = tenant_store.get_tenant(session, principal.tenant_id)
+    assert row is not None, "a key's tenant exists"
+    row.share_training = body.share_training
 
 
 def training_run_public(run: TrainingRun) -> TrainingRunPublic:
@@ -503,6 +546,8 @@ def training_run_public(run: TrainingRun) -> TrainingRunPublic:
         config=run.config,
         error=run.error,
         adapter=run.adapter,
+        shared=run.tenant_id is None,
+        trained_on=run.trained_on or {},
         created_at=run.created_at,
         started_at=run.started_at,
         finished_at=run.finished_at,
@@ -516,11 +561,13 @@ def adapter_public(row: Adapter) -> AdapterPublic:
         base_model=row.base_model,
         parent=row.parent,
         status=cast(Any, row.status),
+        shared=row.tenant_id is None,
         training_run_id=row.training_run_id,
         metrics=row.metrics,
         sha256=row.sha256,
         created_at=row.created_at,
         activated_at=row.activated_at,
+        damage=row.damage,
     )
 
 

@@ -3,7 +3,9 @@ behind the SSE route and the gRPC streams.
 
 The database holds the facts; a notice (`events.Waiter`) only says when to look again. Every read
 runs in a worker thread (the event loop never waits on the database) and is authorised afresh with
-the caller's principal, as a REST request would be.
+the caller's principal, as a REST request would be. The key that opened a stream is checked again
+(`KeyWatch`) before each batch of events and while it waits: a revoked or expired key ends the stream
+with Unauthenticated at its next event.
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Literal
 
+from sqlalchemy.orm import Session
+
 from agentloop import events
-from agentloop.api import service
+from agentloop.api import auth, service
 from agentloop.api.auth import Principal
 from agentloop.api.errors import DeadlineExceeded
 from agentloop.api.schemas import StepPublic, TaskPublic, TrainingRunPublic
@@ -26,6 +30,29 @@ from agentloop.store.models import TaskStatus, TrainingRunStatus
 
 NOTICE_WAIT_S = 1.0  # with pub/sub a notice wakes the reader; look anyway this often (a notice can be lost)
 TRAINING_POLL_S = 1.0  # without pub/sub: training progress moves in seconds, not milliseconds
+KEY_RECHECK_S = 1.0  # a waiting stream checks its key this often (one that is sending: before each batch)
+
+
+class KeyWatch:
+    """Whether the key that opened a stream still holds. Its caller was authenticated just before, so the
+    first check is due before the first event or after KEY_RECHECK_S. A principal without a key (a command
+    run on the deployment) is never checked."""
+
+    def __init__(self, principal: Principal) -> None:
+        self.key_id = principal.key_id
+        self.checked_at = time.monotonic()
+
+    def due(self, sending: bool) -> bool:
+        return bool(self.key_id) and (sending or time.monotonic() - self.checked_at >= KEY_RECHECK_S)
+
+    def check(self, session: Session) -> None:
+        """Unauthenticated when the key was revoked or expired."""
+        auth.check_key(session, self.key_id)
+        self.checked_at = time.monotonic()
+
+    def check_now(self) -> None:
+        with get_sessionmaker()() as session:
+            self.check(session)
 
 
 @dataclass(frozen=True)
@@ -53,9 +80,12 @@ def check_task_access(principal: Principal, task_id: str) -> None:
         service.get_task(session, principal, task_id)
 
 
-def read_task_progress(principal: Principal, task_id: str, position: Position) -> tuple[list[TaskEvent], bool]:
+def read_task_progress(
+    principal: Principal, task_id: str, position: Position, key: KeyWatch | None = None
+) -> tuple[list[TaskEvent], bool]:
     """Events after `position`, ending with `result` when the task has ended (then the stream is
-    over). The task's status is read before its steps: a task seen ended has all its steps committed."""
+    over). The task's status is read before its steps: a task seen ended has all its steps committed.
+    With `key`: Unauthenticated instead of events when the key no longer holds (checked when `key` is due)."""
     with get_sessionmaker()() as session:
         task = service.get_task(session, principal, task_id)
         finished = task.status in TaskStatus.TERMINAL
@@ -72,6 +102,8 @@ def read_task_progress(principal: Principal, task_id: str, position: Position) -
                     out.append(TaskEvent("step", position, step=service.step_public(step, position.attempt)))
         if finished:
             out.append(TaskEvent("result", position, task=service.task_public(task)))
+        if key is not None and key.due(sending=bool(out)):
+            key.check(session)
         return out, finished
 
 
@@ -102,10 +134,11 @@ async def follow_task(
     `deadline` (time.monotonic()) raises DeadlineExceeded before any read after it; `stopped`
     (e.g. "the client went away") ends the stream quietly."""
     poll = get_settings().events_poll_interval_s
+    key = KeyWatch(principal)
     async with events.Waiter(events.task_channel(task_id)) as waiter:
         while True:
             _time_left(deadline)
-            chunk, finished = await asyncio.to_thread(read_task_progress, principal, task_id, position)
+            chunk, finished = await asyncio.to_thread(read_task_progress, principal, task_id, position, key)
             for event in chunk:
                 position = event.position
                 yield event
@@ -124,12 +157,16 @@ def read_training_run(principal: Principal, run_id: str) -> TrainingRunPublic:
 async def follow_training_run(
     principal: Principal, run_id: str, *, deadline: float | None = None
 ) -> AsyncIterator[TrainingRunPublic]:
-    """The run now, then each time it changes, until it reaches a final status."""
+    """The run now, then each time it changes, until it reaches a final status (Unauthenticated once the key
+    no longer holds)."""
     last: TrainingRunPublic | None = None
+    key = KeyWatch(principal)
     async with events.Waiter(events.run_channel(run_id)) as waiter:
         while True:
             _time_left(deadline)
             run = await asyncio.to_thread(read_training_run, principal, run_id)
+            if key.due(sending=run != last):
+                await asyncio.to_thread(key.check_now)
             if run != last:
                 last = run
                 yield run

@@ -3,10 +3,11 @@ the agentloop_* operations, the environment that resets and evaluates its tasks.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from agentloop.apps.addresses import stored_networks
 from agentloop.apps.base import Api, AppSpec, CallContext
 from agentloop.apps.openapi import EXAMPLE_OP, HIDDEN_OPS, Operation, parse_document
 from agentloop.apps.remote_env import RemoteEnvironment
@@ -30,13 +31,13 @@ class ExternalApp:
         description: str,
         document: dict[str, Any],
         base_url: str,
-        allow_private: bool,
+        allowed_networks: Sequence[str] = (),
         auth_header: tuple[str, str] | None = None,
         limits: HttpLimits | None = None,
     ) -> ExternalApp:
         """The app of an OpenAPI document (parsed here; registered apps are built from their stored operations)."""
         return cls.of_operations(
-            name, description, parse_document(document), base_url, allow_private, auth_header, limits
+            name, description, parse_document(document), base_url, allowed_networks, auth_header, limits
         )
 
     @classmethod
@@ -46,11 +47,12 @@ class ExternalApp:
         description: str,
         operations: list[Operation],
         base_url: str,
-        allow_private: bool,
+        allowed_networks: Sequence[str] = (),
         auth_header: tuple[str, str] | None = None,
         limits: HttpLimits | None = None,
     ) -> ExternalApp:
-        client = RemoteClient(Origin.parse(base_url), allow_private, auth_header, limits or HttpLimits())
+        networks = stored_networks(allowed_networks)
+        client = RemoteClient(Origin.parse(base_url), networks, auth_header, limits or HttpLimits())
         if auth_header:  # the service sends it: not an argument the agent gives
             operations = [op.without_headers((auth_header[0],)) for op in operations]
         return cls(name, description, operations, client)

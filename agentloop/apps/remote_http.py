@@ -1,8 +1,8 @@
 """Requests to an external app's registered origin, and its operations called through them.
 
-Calls go only to the registered origin; every resolved address is checked (no loopback, private,
-link-local, multicast or reserved address unless an admin allowed it) and the connection is made to
-the checked address itself, so a DNS answer cannot change between the check and the request.
+Calls go only to the registered origin; every resolved address is checked (`addresses.py`: only global
+addresses, and the private networks an operator named for the app) and the connection is made to the
+checked address itself, so a DNS answer cannot change between the check and the request.
 Redirects are not followed; timeouts and a response-size cap apply. Any failure becomes an
 `ApiError`, which the episode turns into an observation; an outage (the app unreachable, too slow, or
 answering 5xx) is an `AppUnreachable`, so that reset and evaluation can retry it.
@@ -10,15 +10,16 @@ answering 5xx) is an `AppUnreachable`, so that reset and evaluation can retry it
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import socket
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote, urlsplit
 
 import httpx
 
+from agentloop.apps.addresses import IPNetwork, refusal
 from agentloop.apps.base import ApiError
 from agentloop.apps.openapi import EPISODE_HEADER, Operation
 from agentloop.apps.openapi_refs import AppRegistrationError
@@ -27,15 +28,6 @@ from agentloop.apps.openapi_refs import AppRegistrationError
 class AppUnreachable(ApiError):
     """The app could not be reached, did not answer in time, or answered with a server error (5xx): an
     outage, which may be over soon. An agent's call sees it as any other error observation."""
-
-
-def address_allowed(ip: str, allow_private: bool) -> bool:
-    addr = ipaddress.ip_address(ip)
-    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
-        addr = addr.ipv4_mapped
-    if allow_private:
-        return not (addr.is_multicast or addr.is_unspecified)
-    return addr.is_global and not (addr.is_multicast or addr.is_reserved)
 
 
 def resolve(host: str, port: int) -> list[str]:
@@ -65,13 +57,16 @@ class Origin:
         port = parts.port or (443 if parts.scheme == "https" else 80)
         return cls(parts.scheme, parts.hostname, port, parts.path.rstrip("/"))
 
-    def checked_addresses(self, allow_private: bool) -> list[str]:
+    def checked_addresses(self, allowed: Sequence[IPNetwork] = ()) -> list[str]:
+        """The host's addresses, every one of them allowed (else AppRegistrationError naming why not)."""
         addresses = resolve(self.host, self.port)
-        refused = [a for a in addresses if not address_allowed(a, allow_private)]
+        refused = [(a, why) for a in addresses if (why := refusal(a, allowed)) is not None]
         if refused:
+            named = ", ".join(f"{a} ({why})" for a, why in refused)
             raise AppRegistrationError(
-                f"{self.host} resolves to {', '.join(refused)}, a loopback, private, link-local or reserved "
-                "address; only an admin can allow that (allow_private: true)"
+                f"{self.host} resolves to {named}: not a global address and not in the app's allowed_networks "
+                "(which only an operator key can set; link-local, multicast, broadcast and 0.0.0.0/8 are never "
+                "allowed)"
             )
         return addresses
 
@@ -88,7 +83,7 @@ class RemoteClient:
     """Requests to one registered origin, with the checks of the module docstring."""
 
     origin: Origin
-    allow_private: bool
+    allowed: tuple[IPNetwork, ...]  # private networks it may call besides global addresses
     auth_header: tuple[str, str] | None = None
     limits: HttpLimits = field(default_factory=HttpLimits)
     episode: str | None = None  # sent as Agentloop-Episode on every request once set
@@ -104,7 +99,7 @@ class RemoteClient:
         body: Any = None,
     ) -> Any:
         try:
-            address = self.origin.checked_addresses(self.allow_private)[0]
+            address = self.origin.checked_addresses(self.allowed)[0]
         except AppRegistrationError as exc:
             raise ApiError(403, f"refused to call {self.origin.host}: {exc}") from None
         host_in_url = f"[{address}]" if ":" in address else address

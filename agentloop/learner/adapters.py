@@ -1,7 +1,8 @@
 """Versioned LoRA adapters: `<base>@v<N>` directories written atomically (temp dir, fsync, sha256,
 rename), a row per version (candidate -> active | rejected; active -> retired), the promotion gate and
-admin activation (rollback). Activation is announced; serving policies load the new version for
-episodes that start after it."""
+admin activation (rollback). A version belongs to the tenant whose run trained it, or to the deployment
+(the shared adapter); activation replaces only its owner's active version. Activation is announced;
+serving policies load the new version for episodes that start after it."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from agentloop import events, faults
-from agentloop.store.models import Adapter, utcnow
+from agentloop.store.adapters import owned_by
+from agentloop.store.models import Adapter, Tenant, utcnow
 
 
 def adapter_name(base_model: str, version: int) -> str:
@@ -70,9 +72,11 @@ def save_adapter(
     parent: str | None,
     training_run_id: str | None,
     metrics: dict[str, Any] | None = None,
+    tenant_id: str | None = None,
 ) -> Adapter:
-    """Write the model's LoRA weights as the next version and add its `candidate` row (not committed).
-    A crash before the rename leaves only a `.tmp-*` directory, which is never loaded, and no row."""
+    """Write the model's LoRA weights as the next version and add its `candidate` row (not committed), owned
+    by `tenant_id` (None: the deployment's). A crash before the rename leaves only a `.tmp-*` directory,
+    which is never loaded, and no row."""
     root = adapters_dir / _safe(base_model)
     root.mkdir(parents=True, exist_ok=True)
     for stale in root.glob(".tmp-*"):  # left by a crashed save
@@ -93,6 +97,7 @@ def save_adapter(
                     row = Adapter(
                         name=adapter_name(base_model, version),
                         base_model=base_model,
+                        tenant_id=tenant_id,
                         version=version,
                         parent=parent,
                         training_run_id=training_run_id,
@@ -116,30 +121,58 @@ def save_adapter(
 
 def verify(row: Adapter) -> None:
     """Refuse to serve an adapter whose files are missing or changed since they were written."""
-    path = Path(row.path)
+    verify_files(row.name, row.path, row.sha256)
+
+
+def verify_files(name: str, path_text: str, sha256: str) -> None:
+    """FileNotFoundError when the adapter's files are missing, ValueError when they changed."""
+    path = Path(path_text)
     if not (path / "adapter_config.json").exists():
-        raise FileNotFoundError(f"adapter {row.name}: {path} is missing")
-    if directory_sha256(path) != row.sha256:
-        raise ValueError(f"adapter {row.name}: files at {path} do not match their sha256")
+        raise FileNotFoundError(f"adapter {name}: {path} is missing")
+    if directory_sha256(path) != sha256:
+        raise ValueError(f"adapter {name}: files at {path} do not match their sha256")
 
 
 def activate(session: Session, row: Adapter) -> None:
-    """Make `row` the active version of its base model (the previous one retires). Not committed;
-    call `announce` after the commit."""
+    """Make `row` its owner's active version of its base model (the owner's previous one retires; a tenant
+    that had chosen the base model is served this again). Not committed; call `announce` after the commit."""
     verify(row)
-    now = utcnow()
-    session.execute(
-        sa.update(Adapter)
-        .where(Adapter.base_model == row.base_model, Adapter.status == "active", Adapter.id != row.id)
-        .values(status="retired")
-        .execution_options(synchronize_session=False)
-    )
+    row.damage, row.damaged_at = None, None
+    _retire_active(session, row.base_model, row.tenant_id, keep=row.id)
+    if row.tenant_id is not None:
+        session.execute(sa.update(Tenant).where(Tenant.id == row.tenant_id).values(serve_base=False))
     row.status = "active"
-    row.activated_at = now
+    row.activated_at = utcnow()
 
 
-def announce(row: Adapter) -> None:
-    events.publish(events.ADAPTERS_CHANNEL, {"type": "activated", "adapter": row.name, "base_model": row.base_model})
+def activate_base(session: Session, base_model: str, tenant_id: str | None) -> None:
+    """The owner's episodes run on the base model: its active version retires, and a tenant no longer falls
+    back to the shared adapter either (until it activates a version again). Not committed."""
+    _retire_active(session, base_model, tenant_id)
+    if tenant_id is not None:
+        session.execute(sa.update(Tenant).where(Tenant.id == tenant_id).values(serve_base=True))
+
+
+def _retire_active(session: Session, base_model: str, tenant_id: str | None, keep: int | None = None) -> None:
+    where = [Adapter.base_model == base_model, Adapter.status == "active", owned_by(tenant_id)]
+    if keep is not None:
+        where.append(Adapter.id != keep)
+    session.execute(
+        sa.update(Adapter).where(*where).values(status="retired").execution_options(synchronize_session=False)
+    )
+
+
+def announce(row: Adapter | None, base_model: str | None = None, tenant_id: str | None = None) -> None:
+    """Tell serving processes that an owner's active version changed (`row` None: to the base model)."""
+    events.publish(
+        events.ADAPTERS_CHANNEL,
+        {
+            "type": "activated",
+            "adapter": row.name if row else None,
+            "base_model": row.base_model if row else base_model,
+            "tenant_id": row.tenant_id if row else tenant_id,
+        },
+    )
 
 
 def gate(candidate_tgc: float, active_tgc: float, tolerance: float) -> bool:

@@ -57,11 +57,12 @@ def oracle_experts(source: TaskSource, n: int, rng: random.Random, procedural: b
 
 
 def demonstration_experts(
-    session: Session, provider: WorldProvider, tenant_id: str | None, limit: int, rng: random.Random
+    session: Session, provider: WorldProvider, tenants: Sequence[str], limit: int, rng: random.Random
 ) -> tuple[list[EvalTask], int]:
-    """Up to `limit` uploaded demonstrations of the world, as tasks; and how many could not be used (steps
-    over an external app were never replayed: there is no world here to play them in)."""
-    rows = demo_store.for_training(session, tenant_id, provider.name)
+    """Up to `limit` uploaded demonstrations of the world by `tenants` or the deployment, as tasks; and how
+    many could not be used (steps over an external app were never replayed: there is no world here to play
+    them in)."""
+    rows = demo_store.for_training(session, tenants, provider.name)
     usable = [r for r in rows if r.replayed]
     picked = rng.sample(usable, min(limit, len(usable)))
     return [_demonstration_task(provider, row) for row in picked], len(rows) - len(usable)
@@ -86,12 +87,13 @@ def _demonstration_task(provider: WorldProvider, row: Any) -> EvalTask:
     )
 
 
-def logged_experts(session: Session, source: TaskSource, tenant_id: str | None, limit: int) -> list[EvalTask]:
-    """Served episodes of the source's train tasks that the evaluator scored a success (newest first), as
-    experts: the task's start and the calls the agent made."""
+def logged_experts(session: Session, source: TaskSource, limit: int) -> tuple[list[EvalTask], list[str]]:
+    """Served episodes of the source's train tasks, sent by the tenants it reads (`TaskSource.readers`), that
+    the evaluator scored a success (newest first), as experts: the task's start and the calls the agent made;
+    and the episodes' ids."""
     by_ref = {t.task_ref: t for t in source.train}
     if not by_ref:
-        return []
+        return [], []
     success = sa.exists().where(
         Reward.episode_id == EpisodeRow.id, Reward.source == "evaluator", Reward.success.is_(True)
     )
@@ -99,12 +101,13 @@ def logged_experts(session: Session, source: TaskSource, tenant_id: str | None, 
         sa.select(EpisodeRow)
         .where(EpisodeRow.kind == "served", EpisodeRow.status == "finished", success)
         .where(EpisodeRow.task_ref.in_(sorted(by_ref)))
+        .join(Task, Task.id == EpisodeRow.task_id)
+        .where(Task.tenant_id.in_(list(source.readers)))
         .order_by(EpisodeRow.created_at.desc())
         .limit(limit)
     )
-    if tenant_id is not None:
-        query = query.join(Task, Task.id == EpisodeRow.task_id).where(Task.tenant_id == tenant_id)
     out: list[EvalTask] = []
+    ids: list[str] = []
     for ep in session.scalars(query):
         if ep.task_ref is None:
             continue
@@ -113,7 +116,8 @@ def logged_experts(session: Session, source: TaskSource, tenant_id: str | None, 
             ToolCall(s.action["app"], s.action["api"], dict(s.action.get("args") or {})) for s in steps if s.action
         ]
         out.append(replace(by_ref[ep.task_ref], expert=_fixed(calls)))
-    return out
+        ids.append(ep.id)
+    return out, ids
 
 
 def _fixed(calls: list[ToolCall]) -> Callable[[World], list[ToolCall]]:

@@ -43,17 +43,19 @@ def logged_episodes(
     known_refs: set[str],
     since: datetime | None,
     limit: int,
+    tenants: Sequence[str],
     exclude: set[str] = frozenset(),  # type: ignore[assignment]
-    tenant_id: str | None = None,
 ) -> list[Logged]:
-    """The most recent finished served episodes of `world` (newest first) with a usable reward: those
-    of tasks in `known_refs` (the trained splits) and free instructions. `world` None (an app's run):
-    episodes of the app's tasks ("<app>:<ref>" in `known_refs`) in whatever world they were served, and no
-    free instructions; `tenant_id`: only that tenant's (an app's task refs are its tenant's)."""
+    """The most recent finished served episodes of `world` (newest first) with a usable reward, of tasks that
+    `tenants` sent (a tenant's run: its own; a shared run: those of tenants that share their data; none: no
+    episode): those of tasks in `known_refs` (the trained splits) and free instructions. `world` None (an
+    app's run): episodes of the app's tasks ("<app>:<ref>" in `known_refs`) in whatever world they were
+    served, and no free instructions."""
     query = (
         sa.select(Episode, Task)
         .join(Task, Task.id == Episode.task_id)
         .where(Episode.kind == "served", Episode.status == "finished", Episode.num_steps > 0)
+        .where(Task.tenant_id.in_(list(tenants)))
         .order_by(Episode.created_at.desc())
         .limit(limit + len(exclude))
     )
@@ -61,8 +63,6 @@ def logged_episodes(
         query = query.where(Episode.world == world)
     else:
         query = query.where(Episode.task_ref.in_(sorted(known_refs)))
-    if tenant_id is not None:
-        query = query.where(Task.tenant_id == tenant_id)
     if since is not None:
         query = query.where(Episode.created_at >= since)
     rows = [

@@ -29,6 +29,7 @@ from agentloop.learner.loop import trajectory_advantages
 from agentloop.learner.stepagent import combined_advantages, turn_rewards, turn_step_advantages
 from agentloop.learner.trainer import Trainer
 from agentloop.learner.update import compute_logprobs, sampler_gap, update
+from agentloop.store import training_runs
 from agentloop.store.db import session_scope
 from agentloop.store.models import TrainingRun
 
@@ -79,25 +80,33 @@ class LoopTrainer(Trainer):
         self.logged_used = set(state.get("logged_used", []))
 
     def logged_episodes(self) -> list[Logged]:
-        """Episodes clients ran since the last finished run, not yet used by this one."""
+        """Episodes the clients of the tenants it reads ran since the same owner's last finished run, not yet
+        used by this one; recorded in the run's `trained_on`."""
         with session_scope() as s:
+            same_owner = (
+                TrainingRun.tenant_id.is_(None) if self.tenant_id is None else TrainingRun.tenant_id == self.tenant_id
+            )
             since = s.scalar(
                 sa.select(sa.func.max(TrainingRun.created_at)).where(
                     TrainingRun.status == "finished",
                     TrainingRun.id != self.run_id,
+                    same_owner,
                     TrainingRun.created_at
                     < s.scalar(sa.select(TrainingRun.created_at).where(TrainingRun.id == self.run_id)),
                 )
             )
-            return logged_episodes(
+            found = logged_episodes(
                 s,
                 None if self.source.app else self.source.world,  # an app's tasks are served in any world
                 {t.task_ref for t in self.train_tasks},
                 since,
                 self.config.logged_per_iteration,
+                self.source.readers,
                 exclude=self.logged_used,
-                tenant_id=self.source.tenant_id,
             )
+            ids = [item.rollout.episode_id for item in found if item.rollout.episode_id]
+            training_runs.record_reads(s, self.run_id, self.source.readers, ids)
+            return found
 
     def collect(
         self, iteration: int, replay: Sequence[str] = (), feedback_only: int = 0

@@ -25,6 +25,7 @@ from agentloop.apps.tasks import SEED_LIMIT, ScenarioSetupError, TaskSpec, proce
 from agentloop.learner.config import LoopConfig
 from agentloop.store.apps import operation_ids, to_external
 from agentloop.store.models import App
+from agentloop.store.tenants import sharing_tenants
 
 APP_WORLD = "app:{}"  # what an app's rollouts (and `agentloop eval --app` runs) record as their world
 SEED_DRAWS = 8  # seeds tried for a drawn scenario before its setup failing is taken for a broken scenario
@@ -46,6 +47,9 @@ class TaskSource:
     dev_set: str = ""  # where those come from: "<world>/<split>" or "app:<name>/<split>"
     app: str | None = None
     tenant_id: str | None = None  # the app's tenant
+    # the tenants whose served episodes, feedback and demonstrations the run may read: a tenant's run its own
+    # only; a shared run (no tenant) those that share their data (`Tenant.share_training`)
+    readers: tuple[str, ...] = ()
     scenarios: tuple[str, ...] = ()  # `fresh` draws only these train scenarios (empty: any)
 
     @property
@@ -158,11 +162,16 @@ def _app_tasks(app: ExternalApp, provider: WorldProvider, refs: list[str] | None
         raise TaskSourceUnavailable(f"could not list the tasks of app {app.name!r}: {exc.message}") from None
 
 
-def load_source(session: Session, config: LoopConfig, tenant_id: str | None, secret_key: str) -> TaskSource:
+def load_source(session: Session | None, config: LoopConfig, tenant_id: str | None, secret_key: str) -> TaskSource:
     """The run's train tasks (and dev tasks, when it promotes); raises TaskSourceError if there are none,
-    TaskSourceUnavailable if the app cannot be asked. `tenant_id`: whose app `config.app` is (None: the
-    single tenant that registered one of that name)."""
+    TaskSourceUnavailable if the app cannot be asked. `tenant_id`: the run's tenant, whose data it reads and
+    whose app `config.app` is; None: a shared run, which reads only the data of tenants that share theirs and
+    trains on an app (the single one registered under that name) only when its tenant shares."""
     provider = _provider(config.world)
+    if tenant_id is not None:
+        readers: tuple[str, ...] = (tenant_id,)
+    else:  # without a database (a world's tasks only) a shared run reads no tenant's data
+        readers = sharing_tenants(session) if session is not None else ()
 
     def world_split(split: str, limit: int | None = None, scenarios: tuple[str, ...] = ()) -> list[EvalTask]:
         try:
@@ -177,7 +186,7 @@ def load_source(session: Session, config: LoopConfig, tenant_id: str | None, sec
         measured = config.promote or config.agreement_prefixes > 0  # agreement is measured at dev oracle prefixes
         dev = world_split(config.dev_split, config.dev_limit, config.scenarios) if measured else []
         dev_set = f"{provider.name}/{config.dev_split}"
-        source = TaskSource(provider.name, train, dev, dev_set, scenarios=config.scenarios)
+        source = TaskSource(provider.name, train, dev, dev_set, readers=readers, scenarios=config.scenarios)
         if not train and not (config.procedural and source.procedural):
             raise TaskSourceError(
                 f"world {provider.name!r} has no tasks of scenario(s) {', '.join(config.scenarios)} in split(s) "
@@ -189,7 +198,14 @@ def load_source(session: Session, config: LoopConfig, tenant_id: str | None, sec
                 "to measure on: name one that has, or turn promotion and agreement off"
             )
         return source
+    if session is None:
+        raise TaskSourceError(f"app {config.app!r}: training on an app needs the database it is registered in")
     row = find_app(session, config.app, tenant_id)
+    if row.tenant_id not in readers:
+        raise TaskSourceError(
+            f"app {config.app!r} belongs to a tenant that does not share its data with shared runs "
+            "(share_training); its own admin can train on it"
+        )
     app = _external(row, secret_key)
     offered = _app_tasks(app, provider)
     check_scenarios(config.scenarios, {t.scenario for t in offered}, f"app {app.name!r}")
@@ -201,7 +217,7 @@ def load_source(session: Session, config: LoopConfig, tenant_id: str | None, sec
             f"app {app.name!r} offers no tasks in split(s) {', '.join(config.splits)} (its {TASKS_OP} splits: "
             f"{splits}); name others with the `splits` option"
         )
-    source = TaskSource(APP_WORLD.format(app.name), train, app=app.name, tenant_id=row.tenant_id)
+    source = TaskSource(APP_WORLD.format(app.name), train, app=app.name, tenant_id=row.tenant_id, readers=readers)
     if config.promote:
         # the gate measures on the app's own dev tasks; an app without any is gated on the world's dev split
         # (the adapter serves every episode of the base model, so it must not get worse there)

@@ -117,6 +117,7 @@ class Trainer:
         self.rng = random.Random(self.config.seed)
         self.baseline_dev_tgc: float | None = None
         self.parent: str | None = None
+        self.tenant_id: str | None = None  # the run's tenant (set by `setup`); None: a shared run
         self.agreement_steps: list[Any] | None = None  # dev oracle prefixes, drawn once
         self.last_agreement: float | None = None
 
@@ -133,8 +134,10 @@ class Trainer:
         measure_bar = False  # the active version's dev TGC was measured on other tasks than this run's dev
         with session_scope() as s:
             tenant_id = s.scalar(sa.select(TrainingRun.tenant_id).where(TrainingRun.id == self.run_id))
+            self.tenant_id = tenant_id
             self.source = load_source(s, self.config, tenant_id, self.settings.secret_key)
-            active = adapter_store.active_adapter(s, self.settings.model_name)
+            # it starts from what its owner is served now, and a candidate must do as well on dev
+            active = adapter_store.serving_adapter(s, self.settings.model_name, tenant_id)
             if active is not None:
                 adapters.verify(active)
                 self.parent, init_from = active.name, active.path
@@ -258,12 +261,13 @@ class Trainer:
             with session_scope() as s:
                 if "demonstrations" in c.expert_sources and self.source.app is None:
                     demos, unusable = experts.demonstration_experts(
-                        s, self.source.provider, self.source.tenant_id, c.experts_per_iteration // 2, self.rng
+                        s, self.source.provider, self.source.readers, c.experts_per_iteration // 2, self.rng
                     )
                     tasks += demos
                     counts |= {"experts/demonstrations": float(len(demos)), "experts/not_replayed": float(unusable)}
                 if "logged" in c.expert_sources:
-                    logged = experts.logged_experts(s, self.source, self.source.tenant_id, c.experts_per_iteration // 4)
+                    logged, episode_ids = experts.logged_experts(s, self.source, c.experts_per_iteration // 4)
+                    training_runs.record_reads(s, self.run_id, self.source.readers, episode_ids)
                     tasks += logged
                     counts["experts/logged"] = float(len(logged))
         if "oracle" in c.expert_sources:
@@ -369,6 +373,7 @@ class Trainer:
                 self.settings.model_name,
                 parent=self.parent,
                 training_run_id=self.run_id,
+                tenant_id=self.tenant_id,
             )
             name = row.name
         summary = self.dev_summary(i)

@@ -59,5 +59,5 @@ def to_external(row: App, secret_key: str) -> ExternalApp:
         name, _, value = decrypt(row.auth_header_encrypted, secret_key).partition(":")
         header = (name, value)
     return ExternalApp.of_operations(
-        row.name, row.description, operations(row), row.base_url, row.allow_private, header
+        row.name, row.description, operations(row), row.base_url, row.allowed_networks, header
     )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -93,8 +93,14 @@ def oldest_first(session: Session, tenant_id: str | None, world: str | None) -> 
     yield from session.scalars(stmt.execution_options(yield_per=EXPORT_BATCH))
 
 
-def for_training(session: Session, tenant_id: str | None, world: str) -> list[Demonstration]:
-    """Every demonstration of `world` to learn from: one tenant's, or with None every tenant's (a shared
-    adapter). Oldest first, so a run sees them in a stable order; `replayed` says whose observations are the
-    world's own answers."""
-    return list(oldest_first(session, tenant_id, world))
+def for_training(session: Session, tenants: Sequence[str], world: str) -> list[Demonstration]:
+    """Every demonstration of `world` a run may learn from: those of `tenants` (a tenant's run: its own; a
+    shared run: the tenants that share their data) and the deployment's own (no tenant's). Oldest first, so a
+    run sees them in a stable order; `replayed` says whose observations are the world's own answers."""
+    owner = sa.or_(Demonstration.tenant_id.is_(None), Demonstration.tenant_id.in_(list(tenants)))
+    stmt = (
+        sa.select(Demonstration)
+        .where(Demonstration.world == world, owner)
+        .order_by(Demonstration.created_at, Demonstration.id)
+    )
+    return list(session.scalars(stmt))

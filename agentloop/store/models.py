@@ -158,7 +158,8 @@ class App(Base):
     operation_ids: Mapped[list[Any] | None]  # all of them, agentloop_* included: what a listing shows
     base_url: Mapped[str] = mapped_column(sa.String(2048))
     auth_header_encrypted: Mapped[str | None] = mapped_column(Text)
-    allow_private: Mapped[bool] = mapped_column(default=False)
+    # private networks (CIDRs) an operator let it be called on besides global addresses (apps/addresses.py)
+    allowed_networks: Mapped[list[Any]] = mapped_column(default=list)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
@@ -356,3 +357,7 @@ class Adapter(Base):
     metrics: Mapped[dict[str, Any]] = mapped_column(default=dict)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     activated_at: Mapped[datetime | None]
+    # why a serving process could not use its files (missing, checksum wrong, unloadable), and since when;
+    # cleared when they verify again (a load or an activation): /readyz and /metrics report it
+    damage: Mapped[str | None] = mapped_column(Text)
+    damaged_at: Mapped[datetime | None]

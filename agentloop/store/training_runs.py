@@ -17,19 +17,20 @@ from agentloop.store.models import TrainingRun, TrainingRunStatus, utcnow
 CLI_TRIGGER = "cli"  # started by `agentloop learn`: only `agentloop learn --resume` resumes it
 
 
-def _visible(tenant_id: str) -> sa.ColumnElement[bool]:
-    """A tenant's admins see the runs they started and the deployment's (tenant None: the CLI, the schedule)."""
-    return sa.or_(TrainingRun.tenant_id == tenant_id, TrainingRun.tenant_id.is_(None))
+def _visible(tenant_id: str | None) -> sa.ColumnElement[bool]:
+    """A tenant's runs only; None: every run, the shared ones (no tenant: an operator's, the CLI's, the
+    schedule's) too."""
+    return sa.true() if tenant_id is None else TrainingRun.tenant_id == tenant_id
 
 
-def get_run(session: Session, run_id: str, tenant_id: str, *, for_update: bool = False) -> TrainingRun | None:
+def get_run(session: Session, run_id: str, tenant_id: str | None, *, for_update: bool = False) -> TrainingRun | None:
     stmt = sa.select(TrainingRun).where(TrainingRun.id == run_id, _visible(tenant_id))
     if for_update:
         stmt = stmt.with_for_update()
     return session.scalars(stmt).first()
 
 
-def list_runs(session: Session, tenant_id: str, limit: int) -> Sequence[TrainingRun]:
+def list_runs(session: Session, tenant_id: str | None, limit: int) -> Sequence[TrainingRun]:
     return session.scalars(
         sa.select(TrainingRun).where(_visible(tenant_id)).order_by(TrainingRun.created_at.desc()).limit(limit)
     ).all()
@@ -54,6 +55,17 @@ def mark_cancelled(run: TrainingRun, reason: str, now: datetime) -> None:
     run.status, run.error, run.finished_at = TrainingRunStatus.CANCELLED, reason, now
     run.lease_owner, run.lease_expires_at = None, None
     run.progress = {"phase": "cancelled", "iteration": run.iteration}
+
+
+def record_reads(session: Session, run_id: str, tenants: Sequence[str], episode_ids: Sequence[str]) -> None:
+    """Add to the run's row what it read besides its world (`TrainingRun.trained_on`): the served episodes,
+    and the tenants whose data it may read."""
+    run = session.get(TrainingRun, run_id)
+    if run is None:  # a run of a bench or a test without a row
+        return
+    seen = dict(run.trained_on or {})
+    episodes = sorted({*seen.get("episodes", []), *episode_ids})
+    run.trained_on = {"tenants": sorted(tenants), "episodes": episodes}
 
 
 # --- the learner's side: a lease on the run's row ----------------------------------------------------

@@ -16,19 +16,23 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
-revision: str = '0005'
-down_revision: str | None = '0004'
+revision: str = "0005"
+down_revision: str | None = "0004"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
-    with op.batch_alter_table('apps', schema=None) as batch_op:
-        batch_op.add_column(sa.Column('operations', sa.JSON().with_variant(postgresql.JSONB(), "postgresql"), nullable=True))
-        batch_op.add_column(sa.Column('operation_ids', sa.JSON().with_variant(postgresql.JSONB(), "postgresql"), nullable=True))
+    with op.batch_alter_table("apps", schema=None) as batch_op:
+        batch_op.add_column(
+            sa.Column("operations", sa.JSON().with_variant(postgresql.JSONB(), "postgresql"), nullable=True)
+        )
+        batch_op.add_column(
+            sa.Column("operation_ids", sa.JSON().with_variant(postgresql.JSONB(), "postgresql"), nullable=True)
+        )
 
 
 def downgrade() -> None:
-    with op.batch_alter_table('apps', schema=None) as batch_op:
-        batch_op.drop_column('operation_ids')
-        batch_op.drop_column('operations')
+    with op.batch_alter_table("apps", schema=None) as batch_op:
+        batch_op.drop_column("operation_ids")
+        batch_op.drop_column("operations")

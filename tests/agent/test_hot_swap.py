@@ -149,7 +149,7 @@ def test_a_serving_process_loads_an_announced_version_before_any_episode_asks(
     configure_env(MODEL=str(tiny_model_dir), REDIS_URL=redis_url)
     settings = get_settings()
     client, keys = env()
-    admin = bearer(keys.tenant_a_admin)
+    admin = bearer(keys.operator)  # the shared adapter is the operator's to roll back
     (v1, _), (v2, _) = _save_candidate(settings, tiny_model_dir, 1), _save_candidate(settings, tiny_model_dir, 2)
     _activate_quietly(v1)
     policy = LocalPolicy(AutoModelForCausalLM.from_pretrained(tiny_model_dir), tokenizer, settings.model_name, seed=0)

@@ -19,7 +19,7 @@ from agentloop.apps.builtin import BUILTIN
 from agentloop.apps.external import ExternalApp
 from agentloop.apps.remote_http import HttpLimits
 from agentloop.apps.world_prompt import EXAMPLE_MAX_CHARS, NEUTRAL_INSTRUCTION, parse_worked_example
-from tests.apps.loopback_app import API_KEY, EXAMPLE, serve_loopback_app
+from tests.apps.loopback_app import API_KEY, EXAMPLE, LOOPBACK_NETWORKS, serve_loopback_app
 from tests.learner.lights_world import LightsWorld
 
 # sha256 of str(prompt_token_ids) with SmolLM2's tokenizer, taken when the apps moved from the system
@@ -68,7 +68,7 @@ def todolite(base_url, doc, **limits) -> ExternalApp:
         "A to-do list.\n" + "It keeps one list per user, with the items in the order they were added. " * 5,
         doc,
         base_url,
-        allow_private=True,
+        allowed_networks=LOOPBACK_NETWORKS,
         auth_header=("X-Api-Key", API_KEY),
         limits=HttpLimits(**limits) if limits else None,
     )

@@ -101,9 +101,10 @@ def test_a_recipe_queues_its_phases_as_one_run(sqlite_db):
 
 
 def test_list_activate_and_roll_back(sqlite_db, tiny_model_dir, configure_env):
+    """The shared adapter's versions, by the operator (tests/api/test_tenant_adapters.py: a tenant's own)."""
     configure_env(MODEL=str(tiny_model_dir))
     client, keys = env()
-    admin = bearer(keys.tenant_a_admin)
+    admin = bearer(keys.operator)
     v1, _ = save_version(tiny_model_dir, activate=True)
     v2, v2_path = save_version(tiny_model_dir, activate=False)
     listed = client.get("/v1/admin/adapters", headers=admin).json()

@@ -15,7 +15,7 @@ from agentloop.apps.tasks import run_oracle
 from agentloop.cli import app as cli
 from agentloop.store.db import get_sessionmaker
 from agentloop.store.models import Demonstration
-from tests.apps.loopback_app import API_KEY, serve_loopback_app
+from tests.apps.loopback_app import API_KEY, LOOPBACK_NETWORKS, serve_loopback_app
 from tests.factories import bearer, make_keys
 
 REF = "contacts_details_note-2"  # a train task: passwords, two logins, a search, a read, a new note, complete
@@ -192,9 +192,9 @@ def test_an_external_apps_steps_are_checked_against_its_operations_and_never_cal
         "openapi": doc,
         "base_url": base_url,
         "auth_header": {"name": "X-Api-Key", "value": API_KEY},
-        "allow_private": True,
+        "allowed_networks": LOOPBACK_NETWORKS,
     }
-    assert client.post("/v1/apps", json=registration, headers=bearer(keys.tenant_a_admin)).status_code == 201
+    assert client.post("/v1/apps", json=registration, headers=bearer(keys.operator)).status_code == 201
     item_calls, resets = len(calls.headers_seen), len(calls.resets)
     steps = [
         {"app": "todolite", "api": "add_item", "args": {"name": "bread"}, "observation": {"ok": True, "count": 1}},

@@ -243,7 +243,8 @@ def test_health_ready_and_metrics(env):
     assert ready.json()["checks"] == {"database": "ok", "migrations": "ok", "broker": "ok"}
     create(client, keys.tenant_a_client)
     assert client.get("/metrics", headers=bearer(keys.tenant_a_client)).status_code == 403
-    metrics = client.get("/metrics", headers=bearer(keys.tenant_a_admin)).text
+    assert client.get("/metrics", headers=bearer(keys.tenant_a_admin)).status_code == 403  # the operator's
+    metrics = client.get("/metrics", headers=bearer(keys.operator)).text
     assert 'agentloop_tasks{status="queued"} 1.0' in metrics
     assert "agentloop_http_requests_total" in metrics
 

@@ -104,15 +104,18 @@ def test_who_may_cancel_what(sqlite_db):
     assert client.get("/v1/admin/training-runs", headers=bearer(other_admin)).json() == []
     assert row(run["id"]).status == "queued" and not row(run["id"]).cancel_requested
 
-    # the deployment's runs (`agentloop learn`, the schedule) are every admin's
+    # the deployment's runs (`agentloop learn`, the schedule) are the operator's, not a tenant admin's
     with session_scope() as s:
         cli_run = TrainingRun(algo="loop", status="queued", trigger="cli", config={"iterations": 1})
         s.add(cli_run)
         s.flush()
         cli_id = cli_run.id
-    listed = {r["id"] for r in client.get("/v1/admin/training-runs", headers=bearer(other_admin)).json()}
-    assert listed == {cli_id}
-    assert cancel(client, cli_id, other_admin).status_code == 200
+    assert client.get("/v1/admin/training-runs", headers=bearer(other_admin)).json() == []
+    assert cancel(client, cli_id, other_admin).status_code == 404
+    assert cancel(client, cli_id, keys.tenant_a_admin).status_code == 404
+    listed = {r["id"] for r in client.get("/v1/admin/training-runs", headers=bearer(keys.operator)).json()}
+    assert listed == {cli_id, run["id"]}
+    assert cancel(client, cli_id, keys.operator).status_code == 200
 
     for status in ("finished", "failed"):
         update(run["id"], status=status, finished_at=utcnow())

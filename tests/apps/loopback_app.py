@@ -23,6 +23,7 @@ from fastapi.responses import RedirectResponse, Response
 from pydantic import BaseModel
 
 API_KEY = "s3cret-key"
+LOOPBACK_NETWORKS = ["127.0.0.0/8", "::1/128"]  # what an operator allows for an app served here
 TASKS = [
     {"task_ref": "add-apple", "instruction": "Add an item named apple to my list.", "split": "train"},
     {"task_ref": "add-two", "instruction": "Add the items bread and milk to my list.", "split": "test"},

@@ -38,9 +38,10 @@ from agentloop.policy.scripted import ScriptedPolicy
 from agentloop.settings import get_settings
 from agentloop.store.db import get_sessionmaker
 from agentloop.store.models import App, Task
+from tests.apps.loopback_app import LOOPBACK_NETWORKS
 from tests.factories import bearer, make_keys
 
-BASE_URL = "http://127.0.0.1:9"  # only resolved at registration (allow_private, admin key), never called here
+BASE_URL = "http://127.0.0.1:9"  # only resolved at registration (allowed_networks, operator key), never called here
 NOUNS = [
     *("customer", "invoice", "order", "product", "shipment", "warehouse", "supplier", "payment", "refund", "ticket"),
     *("contract", "lead", "campaign", "report", "region", "ledger", "budget", "asset", "vendor", "subscription"),
@@ -170,7 +171,7 @@ def api(sqlite_db):
 
 def register(client: TestClient, admin: str, doc: dict[str, Any], name: str = "crm") -> Any:
     body = {"name": name, "description": "Customer records.", "openapi": doc, "base_url": BASE_URL}
-    return client.post("/v1/apps", json={**body, "allow_private": True}, headers=bearer(admin))
+    return client.post("/v1/apps", json={**body, "allowed_networks": LOOPBACK_NETWORKS}, headers=bearer(admin))
 
 
 def start_episode(client: TestClient, admin: str, tokenizer: Any, apps: list[str]) -> Episode:
@@ -240,7 +241,7 @@ def arguments(op: dict[str, Any], doc: dict[str, Any]) -> dict[str, bool]:
 def test_every_operation_of_a_200_operation_app_is_listed_and_documented_within_the_cap(api, tokenizer):
     client, keys = api
     doc = big_document(200)
-    resp = register(client, keys.tenant_a_admin, doc)
+    resp = register(client, keys.operator, doc)
     assert resp.status_code == 201, resp.text
     assert resp.json()["apis"] == 200
     ops = expected_operations(doc)
@@ -280,7 +281,7 @@ def test_every_operation_of_a_200_operation_app_is_listed_and_documented_within_
 def test_a_query_narrows_the_list(api, tokenizer):
     client, keys = api
     doc = big_document(200)
-    assert register(client, keys.tenant_a_admin, doc).status_code == 201
+    assert register(client, keys.operator, doc).status_code == 201
     ops = expected_operations(doc)
     agent = Agent(start_episode(client, keys.tenant_a_admin, tokenizer, ["crm"]), tokenizer)
 
@@ -395,7 +396,7 @@ def parameter_names(doc: dict[str, Any]) -> list[str]:
 
 def test_a_very_large_doc_is_shortened_to_fit_and_says_what_was_cut(api, tokenizer):
     client, keys = api
-    assert register(client, keys.tenant_a_admin, large_document(), name="importer").status_code == 201
+    assert register(client, keys.operator, large_document(), name="importer").status_code == 201
     agent = Agent(start_episode(client, keys.tenant_a_admin, tokenizer, ["importer"]), tokenizer)
 
     shown = agent.call("api_docs", "show_api_doc", app_name="importer", api_name="import_records")
@@ -509,7 +510,7 @@ def app_rows() -> int:
 )
 def test_an_invalid_argument_schema_is_refused_naming_the_operation(api, openapi, size_schema, problem):
     client, keys = api
-    resp = register(client, keys.tenant_a_admin, widget_document(size_schema, openapi), name="widgets")
+    resp = register(client, keys.operator, widget_document(size_schema, openapi), name="widgets")
     assert resp.status_code == 422, resp.text
     message = resp.json()["error"]["message"]
     assert message.startswith("operation create_widget: the schema of the request body is not valid JSON Schema")
@@ -520,7 +521,7 @@ def test_an_invalid_argument_schema_is_refused_naming_the_operation(api, openapi
 def test_openapi_3_0_schemas_are_checked_and_validated_as_draft_4(api):
     client, keys = api
     doc = widget_document({"type": "integer", "minimum": 0, "exclusiveMinimum": True}, "3.0.3")
-    assert register(client, keys.tenant_a_admin, doc, name="widgets").status_code == 201
+    assert register(client, keys.operator, doc, name="widgets").status_code == 201
     with get_sessionmaker()() as s:
         from agentloop.store import apps as app_store
 
@@ -533,9 +534,7 @@ def test_a_stored_invalid_schema_is_an_error_observation_and_the_episode_goes_on
     """An app stored before registration checked schemas: calling the broken operation is an error the
     agent reads; its docs still show; the episode carries on to the end."""
     client, keys = api
-    assert (
-        register(client, keys.tenant_a_admin, widget_document({"type": "integer"}), name="widgets").status_code == 201
-    )
+    assert register(client, keys.operator, widget_document({"type": "integer"}), name="widgets").status_code == 201
     with get_sessionmaker()() as s:
         row = s.scalars(sa.select(App)).one()
         create = next(op for op in row.operations["operations"] if op["operation_id"] == "create_widget")
@@ -572,7 +571,7 @@ def test_operations_stored_in_an_older_format_are_resolved_again(api):
     client, keys = api
     doc = widget_document({"type": "integer"})
     doc["paths"]["/widgets"]["get"].update(summary="List the widgets.", description="Every widget, oldest first.")
-    assert register(client, keys.tenant_a_admin, doc, name="widgets").status_code == 201
+    assert register(client, keys.operator, doc, name="widgets").status_code == 201
     with get_sessionmaker()() as s:
         row = s.scalars(sa.select(App)).one()
         old = [
@@ -594,7 +593,7 @@ def test_the_prompt_indexes_a_200_operation_app_within_its_budget(api, tokenizer
     """The task's message lists every app with its APIs; an app too large to index whole is cut to the
     budget, by name where parameters do not fit, and says how many more list_apis has."""
     client, keys = api
-    assert register(client, keys.tenant_a_admin, big_document(200)).status_code == 201
+    assert register(client, keys.operator, big_document(200)).status_code == 201
     ep = start_episode(client, keys.tenant_a_admin, tokenizer, ["crm"])
     message = tokenizer.decode(ep.prompt_token_ids).rsplit("Apps you can use:\n", 1)[1]
     (index,) = [line for line in message.splitlines() if line.startswith("  APIs: ") and "more)" in line]

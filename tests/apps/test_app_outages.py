@@ -30,7 +30,7 @@ from agentloop.proto_gen.agentloop.v1 import agent_pb2 as pb
 from agentloop.settings import get_settings
 from agentloop.store.db import get_sessionmaker, session_scope
 from agentloop.store.models import App, Episode, Reward, Step, Task
-from tests.apps.loopback_app import API_KEY, LoopbackProcess
+from tests.apps.loopback_app import API_KEY, LOOPBACK_NETWORKS, LoopbackProcess
 from tests.factories import bearer, make_keys
 from tests.grpc.conftest import ServerThread, auth
 
@@ -61,7 +61,7 @@ def todo():
 def api(fast_retries):
     with get_sessionmaker()() as s:
         keys = make_keys(s)
-    return TestClient(create_app()), bearer(keys.tenant_a_admin)
+    return TestClient(create_app()), bearer(keys.operator)
 
 
 def register(client, headers, app: LoopbackProcess, environment: bool = True) -> None:
@@ -75,7 +75,7 @@ def register(client, headers, app: LoopbackProcess, environment: bool = True) ->
         "openapi": doc,
         "base_url": app.base_url,
         "auth_header": {"name": "X-Api-Key", "value": API_KEY},
-        "allow_private": True,
+        "allowed_networks": LOOPBACK_NETWORKS,
     }
     resp = client.post("/v1/apps", json=body, headers=headers)
     assert resp.status_code == 201, resp.text
@@ -272,7 +272,12 @@ def test_release_follows_an_episode_that_crashed(api, todo, tokenizer):
 
 def test_eval_runs_leave_unevaluated_episodes_out_and_release_each_episode(fast_retries, todo, tokenizer):
     app = ExternalApp.build(
-        "todolite", "", todo.document, todo.base_url, allow_private=True, auth_header=("X-Api-Key", API_KEY)
+        "todolite",
+        "",
+        todo.document,
+        todo.base_url,
+        allowed_networks=LOOPBACK_NETWORKS,
+        auth_header=("X-Api-Key", API_KEY),
     )
     tasks = external_tasks(app, lambda: BUILTIN.new_world(0, []), ["add-apple"])
     policy = ScriptedPolicy(tokenizer)

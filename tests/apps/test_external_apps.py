@@ -15,11 +15,11 @@ from agentloop.apps.base import ApiError
 from agentloop.apps.builtin import BUILTIN
 from agentloop.apps.external import ExternalApp
 from agentloop.apps.openapi import AppRegistrationError, parse_document
-from agentloop.apps.remote_http import HttpLimits, address_allowed
+from agentloop.apps.remote_http import HttpLimits
 from agentloop.apps.tasks import ToolCall
 from agentloop.store.db import get_sessionmaker
 from agentloop.store.models import App
-from tests.apps.loopback_app import API_KEY, serve_loopback_app
+from tests.apps.loopback_app import API_KEY, LOOPBACK_NETWORKS, serve_loopback_app
 from tests.factories import bearer, make_keys
 
 
@@ -52,27 +52,6 @@ def app_rows() -> int:
         return s.scalar(sa.select(sa.func.count()).select_from(App))
 
 
-@pytest.mark.parametrize(
-    ("ip", "private_ok", "allowed"),
-    [
-        ("8.8.8.8", False, True),
-        ("127.0.0.1", False, False),
-        ("10.1.2.3", False, False),
-        ("169.254.169.254", False, False),
-        ("192.168.1.9", False, False),
-        ("::1", False, False),
-        ("::ffff:127.0.0.1", False, False),
-        ("fe80::1", False, False),
-        ("0.0.0.0", False, False),
-        ("127.0.0.1", True, True),
-        ("10.1.2.3", True, True),
-        ("224.0.0.1", True, False),
-    ],
-)
-def test_address_checks(ip, private_ok, allowed):
-    assert address_allowed(ip, private_ok) is allowed
-
-
 def test_document_checks(loopback):
     _, doc, _ = loopback
     ops = {o.operation_id: o for o in parse_document(doc, ("X-Api-Key",))}
@@ -98,7 +77,7 @@ def test_register_list_and_docs(api, loopback):
     client, keys = api
     base_url, doc, _ = loopback
     resp = client.post(
-        "/v1/apps", json=registration(base_url, doc, allow_private=True), headers=bearer(keys.tenant_a_admin)
+        "/v1/apps", json=registration(base_url, doc, allowed_networks=LOOPBACK_NETWORKS), headers=bearer(keys.operator)
     )
     assert resp.status_code == 201, resp.text
     assert resp.json()["resettable"] is True and resp.json()["apis"] == 6
@@ -116,11 +95,12 @@ def test_register_list_and_docs(api, loopback):
 @pytest.mark.parametrize(
     ("base_url", "key", "extra", "status", "needle"),
     [
-        ("http://127.0.0.1:{port}", "tenant_a_admin", {}, 422, "only an admin can allow"),
+        ("http://127.0.0.1:{port}", "tenant_a_admin", {}, 422, "127.0.0.1 (loopback)"),
         ("http://169.254.169.254/", "tenant_a_admin", {}, 422, "169.254.169.254"),
         ("http://10.0.0.7/api", "tenant_a_admin", {}, 422, "10.0.0.7"),
         ("http://localhost:{port}", "tenant_a_admin", {}, 422, "loopback"),
-        ("http://127.0.0.1:{port}", "tenant_a_client", {"allow_private": True}, 403, "admin key"),
+        ("http://127.0.0.1:{port}", "tenant_a_admin", {"allowed_networks": LOOPBACK_NETWORKS}, 403, "operator key"),
+        ("http://127.0.0.1:{port}", "operator", {"allow_private": True}, 422, "replaced by allowed_networks"),
         ("ftp://example.com/", "tenant_a_admin", {}, 422, "http(s) URL"),
         ("http://user:pw@example.com/", "tenant_a_admin", {}, 422, "credentials"),
     ],
@@ -140,16 +120,23 @@ def test_unsafe_or_bad_registrations_are_refused(api, loopback, base_url, key, e
 def test_malformed_document_duplicate_and_builtin_names(api, loopback):
     client, keys = api
     base_url, doc, _ = loopback
-    admin = bearer(keys.tenant_a_admin)
-    bad = client.post("/v1/apps", json=registration(base_url, {"swagger": "2.0"}, allow_private=True), headers=admin)
+    admin = bearer(keys.operator)
+    bad = client.post(
+        "/v1/apps", json=registration(base_url, {"swagger": "2.0"}, allowed_networks=LOOPBACK_NETWORKS), headers=admin
+    )
     assert bad.status_code == 422 and "OpenAPI 3" in bad.json()["error"]["message"]
     assert (
-        client.post("/v1/apps", json=registration(base_url, doc, allow_private=True), headers=admin).status_code == 201
+        client.post(
+            "/v1/apps", json=registration(base_url, doc, allowed_networks=LOOPBACK_NETWORKS), headers=admin
+        ).status_code
+        == 201
     )
-    dup = client.post("/v1/apps", json=registration(base_url, doc, allow_private=True), headers=admin)
+    dup = client.post("/v1/apps", json=registration(base_url, doc, allowed_networks=LOOPBACK_NETWORKS), headers=admin)
     assert dup.status_code == 409 and "already registered" in dup.json()["error"]["message"]
     taken = client.post(
-        "/v1/apps", json={**registration(base_url, doc, allow_private=True), "name": "notes"}, headers=admin
+        "/v1/apps",
+        json={**registration(base_url, doc, allowed_networks=LOOPBACK_NETWORKS), "name": "notes"},
+        headers=admin,
     )
     assert taken.status_code == 409 and "built-in" in taken.json()["error"]["message"]
     assert app_rows() == 1
@@ -176,7 +163,7 @@ def test_misbehaving_app_yields_error_observations_not_a_crash(loopback, tokeniz
         "",
         doc,
         base_url,
-        allow_private=True,
+        allowed_networks=LOOPBACK_NETWORKS,
         auth_header=("X-Api-Key", API_KEY),
         limits=HttpLimits(connect_s=2, read_s=1.0, max_bytes=1_000_000),
     )
@@ -206,21 +193,30 @@ def test_misbehaving_app_yields_error_observations_not_a_crash(loopback, tokeniz
 
 def test_wrong_auth_header_is_an_observation(loopback, tokenizer):
     base_url, doc, _ = loopback
-    app = ExternalApp.build("todolite", "", doc, base_url, allow_private=True, auth_header=("X-Api-Key", "wrong"))
+    app = ExternalApp.build(
+        "todolite", "", doc, base_url, allowed_networks=LOOPBACK_NETWORKS, auth_header=("X-Api-Key", "wrong")
+    )
     ep = episode_over(app, tokenizer, [ToolCall("todolite", "list_items", {})])
     assert "401" in ep.turns[0].observation and "X-Api-Key" in ep.turns[0].observation
 
 
 def test_private_address_refused_at_call_time_too(loopback):
     base_url, doc, _ = loopback
-    app = ExternalApp.build("todolite", "", doc, base_url, allow_private=False)
+    app = ExternalApp.build(
+        "todolite",
+        "",
+        doc,
+        base_url,
+    )
     with pytest.raises(ApiError, match=r"refused to call 127\.0\.0\.1"):
         app.spec().apis["list_items"].handler(None)
 
 
 def test_reset_and_evaluate_run_in_their_own_episode(loopback):
     base_url, doc, calls = loopback
-    app = ExternalApp.build("todolite", "", doc, base_url, allow_private=True, auth_header=("X-Api-Key", API_KEY))
+    app = ExternalApp.build(
+        "todolite", "", doc, base_url, allowed_networks=LOOPBACK_NETWORKS, auth_header=("X-Api-Key", API_KEY)
+    )
     first, second = app.fork(), app.fork()
     e1, e2 = first.environment(), second.environment()
     assert {t["task_ref"] for t in e1.tasks()} == {"add-apple", "add-two"}
@@ -242,9 +238,12 @@ def test_served_task_on_a_resettable_app(api, loopback, tokenizer):
 
     client, keys = api
     base_url, doc, calls = loopback
-    admin = bearer(keys.tenant_a_admin)
+    admin = bearer(keys.operator)
     assert (
-        client.post("/v1/apps", json=registration(base_url, doc, allow_private=True), headers=admin).status_code == 201
+        client.post(
+            "/v1/apps", json=registration(base_url, doc, allowed_networks=LOOPBACK_NETWORKS), headers=admin
+        ).status_code
+        == 201
     )
     unknown = client.post("/v1/tasks", json={"task_ref": "todolite:nope"}, headers=admin)
     assert unknown.status_code == 422 and "offers no task 'nope'" in unknown.json()["error"]["message"]
@@ -280,8 +279,8 @@ def test_eval_command_on_an_external_app(api, loopback, tmp_path, tiny_model_dir
     base_url, doc, calls = loopback
     client.post(
         "/v1/apps",
-        json=registration(base_url, copy.deepcopy(doc), allow_private=True),
-        headers=bearer(keys.tenant_a_admin),
+        json=registration(base_url, copy.deepcopy(doc), allowed_networks=LOOPBACK_NETWORKS),
+        headers=bearer(keys.operator),
     )
     refs = tmp_path / "refs.txt"
     refs.write_text("add-apple\nadd-two\n")

@@ -25,9 +25,10 @@ from agentloop.settings import Settings
 from agentloop.store import apps as app_store
 from agentloop.store.db import get_sessionmaker
 from agentloop.store.models import App
+from tests.apps.loopback_app import LOOPBACK_NETWORKS
 from tests.factories import bearer, make_keys
 
-BASE_URL = "http://127.0.0.1:9"  # only resolved at registration (allow_private, admin key), never called here
+BASE_URL = "http://127.0.0.1:9"  # only resolved at registration (allowed_networks, operator key), never called here
 
 
 @pytest.fixture
@@ -40,7 +41,13 @@ def api(sqlite_db):
 
 
 def register(client: TestClient, admin: str, doc: dict[str, Any], name: str = "shop_api"):
-    body = {"name": name, "description": "", "openapi": doc, "base_url": BASE_URL, "allow_private": True}
+    body = {
+        "name": name,
+        "description": "",
+        "openapi": doc,
+        "base_url": BASE_URL,
+        "allowed_networks": LOOPBACK_NETWORKS,
+    }
     return client.post("/v1/apps", json=body, headers=bearer(admin))
 
 
@@ -126,7 +133,7 @@ def measured(call):
 )
 def test_document_over_a_limit_is_refused_fast_in_flat_memory(api, doc, setting):
     client, keys = api
-    resp, cpu, wall, peak_mb = measured(lambda: register(client, keys.tenant_a_admin, doc))
+    resp, cpu, wall, peak_mb = measured(lambda: register(client, keys.operator, doc))
     assert resp.status_code == 422, resp.text
     error = resp.json()["error"]
     assert setting in error["message"] and f"AGENTLOOP_{setting.upper()}" in error["message"]
@@ -182,13 +189,13 @@ def test_each_limit_is_its_setting(api, configure_env, doc, setting, low, enough
     """Over the limit: 422 naming the setting; the same document registers once the setting allows it."""
     client, keys = api
     configure_env(**{"openapi_max_ref_depth": 100, setting: low})
-    resp = register(client, keys.tenant_a_admin, doc)
+    resp = register(client, keys.operator, doc)
     assert resp.status_code == 422, resp.text
     assert resp.json()["error"]["details"]["limit"] == setting
     assert f"AGENTLOOP_{setting.upper()}" in resp.json()["error"]["message"]
     assert app_rows() == 0
     configure_env(**{setting: enough})
-    assert register(client, keys.tenant_a_admin, doc).status_code == 201
+    assert register(client, keys.operator, doc).status_code == 201
     assert app_rows() == 1
 
 
@@ -251,7 +258,7 @@ def shared_document(operations: int = 40) -> dict[str, Any]:
 
 def test_shared_references_register_and_show_expanded(api):
     client, keys = api
-    resp = register(client, keys.tenant_a_admin, shared_document())
+    resp = register(client, keys.operator, shared_document())
     assert resp.status_code == 201, resp.text
     assert resp.json()["apis"] == 40
 
@@ -376,7 +383,7 @@ def test_realistic_128_operation_app_fits_the_defaults(api):
     client, keys = api
     doc = shared_document(128)
     started = time.process_time()
-    resp = register(client, keys.tenant_a_admin, doc)
+    resp = register(client, keys.operator, doc)
     assert resp.status_code == 201, resp.text
     assert resp.json()["apis"] == 128
     assert time.process_time() - started < 2.0
@@ -394,7 +401,7 @@ def test_requests_use_the_stored_operations_not_the_document(api, monkeypatch):
 
     client, keys = api
     admin = bearer(keys.tenant_a_admin)
-    assert register(client, keys.tenant_a_admin, shared_document(3)).status_code == 201
+    assert register(client, keys.operator, shared_document(3)).status_code == 201
     with get_sessionmaker()() as s:
         row = s.scalars(sa.select(App)).one()
         assert row.operations is not None and len(row.operations["operations"]) == 3
@@ -426,7 +433,7 @@ def test_requests_use_the_stored_operations_not_the_document(api, monkeypatch):
 def test_an_app_registered_before_operations_were_stored_is_resolved_once(api, monkeypatch):
     client, keys = api
     admin = bearer(keys.tenant_a_admin)
-    assert register(client, keys.tenant_a_admin, shared_document(3)).status_code == 201
+    assert register(client, keys.operator, shared_document(3)).status_code == 201
     with get_sessionmaker()() as s:
         s.execute(sa.update(App).values(operations=None, operation_ids=None))  # as migration 0005 leaves a row
         s.commit()

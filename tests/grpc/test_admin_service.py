@@ -236,7 +236,7 @@ def add_adapter(root, version: int, status: str, *, tamper: bool = False) -> str
 
 
 def test_list_and_activate_adapters_including_rollback(api, tmp_path):
-    admin = auth(api.keys.tenant_a_admin)
+    admin = auth(api.keys.operator)  # the shared adapter's versions: the operator's
     v1 = add_adapter(tmp_path, 1, "retired")
     v2 = add_adapter(tmp_path, 2, "active")
     v3 = add_adapter(tmp_path, 3, "candidate", tamper=True)

@@ -127,7 +127,7 @@ def test_the_rollout_plan_says_how_many_client_episodes_join(sqlite_db, lights_w
         serve(policy, "a", task_ref=ref)
     feedback(*serve(policy, "a", instruction="Lights please."), 1.0)  # no task to replay: used as it is
     config = LoopConfig(world="lights", tasks_per_iteration=1, rollouts_per_task=2, max_turns=1, max_new_tokens=24)
-    trainer = make_trainer(config, lights_model_dir)
+    trainer = make_trainer(config, lights_model_dir, tenant="a")  # tenant a's run reads its episodes
     reports = []
     trainer.report = reports.append
     _, by_task = trainer.samples(0)

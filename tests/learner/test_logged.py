@@ -43,11 +43,12 @@ def serve(policy, tenant, task_ref=None, instruction="Turn the lights on.", apps
         return task_id, s.scalar(sa.select(Episode.id).where(Episode.task_id == task_id))
 
 
-def make_trainer(config, model_dir):
+def make_trainer(config, model_dir, tenant=None):
+    """A run of `tenant` (None: a shared run)."""
     torch.manual_seed(0)
     model = lora_model(AutoModelForCausalLM.from_pretrained(model_dir), config, None)
     with session_scope() as s:
-        run = TrainingRun(algo="loop", status="running", trigger="test", config=config.to_dict())
+        run = TrainingRun(algo="loop", status="running", trigger="test", config=config.to_dict(), tenant_id=tenant)
         s.add(run)
         s.flush()
         run_id = run.id
@@ -81,7 +82,9 @@ def test_feedback_overrides_the_evaluator_and_dev_tasks_are_never_used(
     feedback(*lonely, 1.0)
 
     with session_scope() as s:
-        items = {i.rollout.episode_id: i for i in logged_episodes(s, "lights", TRAIN_REFS, None, 100)}
+        items = {i.rollout.episode_id: i for i in logged_episodes(s, "lights", TRAIN_REFS, None, 100, ["a", "b"])}
+        only_a = {i.rollout.episode_id for i in logged_episodes(s, "lights", TRAIN_REFS, None, 100, ["a"])}
+        nobody = logged_episodes(s, "lights", TRAIN_REFS, None, 100, [])
         evaluator = s.scalar(sa.select(Reward.value).where(Reward.episode_id == plain_ep, Reward.source == "evaluator"))
     assert items[replay_ep].reward_source == "client" and items[replay_ep].rollout.reward == 0.75
     assert items[replay_ep].replayable and items[replay_ep].rollout.agent_tokens > 0
@@ -89,6 +92,7 @@ def test_feedback_overrides_the_evaluator_and_dev_tasks_are_never_used(
     assert evaluator == items[plain_ep].rollout.reward
     assert len(items) == 2 + 4 + 1  # the dev task's episode is not there; free ones only with feedback
     assert not items[free[0][1]].replayable
+    assert only_a == set(items) - {lonely[1]} and nobody == []  # only the tenants named are read
 
     advantages = dict((r.episode_id, a) for r, a in feedback_advantages(list(items.values()), min_comparable=3))
     # leave-one-out across comparable episodes (tenant a, same apps): 1 - mean(0, 0, 1) = 2/3
@@ -120,7 +124,7 @@ def test_an_iteration_trains_on_client_episodes(sqlite_db, lights_world, lights_
         promote=False,
         seed=0,
     )
-    trainer = make_trainer(config, lights_model_dir)
+    trainer = make_trainer(config, lights_model_dir, tenant="a")
     run_id = trainer.run_id
     metrics = trainer.iteration(0)
     assert metrics["logged/replayed"] == 1 and metrics["logged/feedback_used"] == 5
@@ -133,6 +137,30 @@ def test_an_iteration_trains_on_client_episodes(sqlite_db, lights_world, lights_
         )
     assert rollouts_of_task == 3
     assert trainer.logged_episodes() == []  # each client episode feeds a run once
+
+
+def test_a_shared_run_reads_only_tenants_that_share_and_a_tenants_run_only_its_own(
+    sqlite_db, lights_world, lights_model_dir, configure_env
+):
+    configure_env(MODEL=str(lights_model_dir), AGENT_MAX_TURNS=1, AGENT_MAX_NEW_TOKENS=40)
+    tok = AutoTokenizer.from_pretrained(lights_model_dir)
+    policy = LocalPolicy(AutoModelForCausalLM.from_pretrained(lights_model_dir), tok, "m", seed=0)
+    episodes = {tenant: {serve(policy, tenant, task_ref=f"lights-{i}")[1] for i in range(2)} for tenant in "abc"}
+    with session_scope() as s:  # a shares its data with shared runs; b and c do not (the default)
+        s.get(Tenant, "a").share_training = True
+    config = LoopConfig(world="lights", tasks_per_iteration=1, rollouts_per_task=2, max_turns=1, promote=False)
+
+    def reads(tenant):
+        trainer = make_trainer(config, lights_model_dir, tenant)
+        found = {item.rollout.episode_id for item in trainer.logged_episodes()}
+        with session_scope() as s:
+            return found, s.get(TrainingRun, trainer.run_id).trained_on
+
+    assert reads(None) == (episodes["a"], {"tenants": ["a"], "episodes": sorted(episodes["a"])})
+    assert reads("b") == (episodes["b"], {"tenants": ["b"], "episodes": sorted(episodes["b"])})
+    with session_scope() as s:
+        s.get(Tenant, "a").share_training = False
+    assert reads(None) == (set(), {"tenants": [], "episodes": []})  # nobody shares: a shared run reads nothing
 
 
 def test_old_logprobs_are_recomputed_only_when_the_probe_shows_a_gap(

@@ -18,7 +18,7 @@ from agentloop.api.app import create_app
 from agentloop.api.auth import create_key
 from agentloop.store.db import get_sessionmaker, session_scope
 from agentloop.store.models import Adapter, Episode, Reward, Tenant, TrainingRun
-from tests.apps.loopback_app import LIGHTS_DESCRIPTION, LIGHTS_TASKS, serve_lights_app
+from tests.apps.loopback_app import LIGHTS_DESCRIPTION, LIGHTS_TASKS, LOOPBACK_NETWORKS, serve_lights_app
 from tests.factories import bearer, make_keys
 from tests.processes import wait_for
 
@@ -55,7 +55,7 @@ def api(sqlite_db):
 
 def register(client, key, base_url, doc, name="lights"):
     body = {"name": name, "description": LIGHTS_DESCRIPTION, "openapi": doc, "base_url": base_url}
-    resp = client.post("/v1/apps", json={**body, "allow_private": True}, headers=bearer(key))
+    resp = client.post("/v1/apps", json={**body, "allowed_networks": LOOPBACK_NETWORKS}, headers=bearer(key))
     assert resp.status_code == 201, resp.text
     return resp.json()
 
@@ -118,7 +118,7 @@ def test_the_apps_episodes_see_the_prompt_the_lights_model_was_warm_started_on(l
 
     base_url, doc, log = lights_app
     fmt = ChatFormat(AutoTokenizer.from_pretrained(tiny_model_dir))
-    app = ExternalApp.build("lights", LIGHTS_DESCRIPTION, doc, base_url, allow_private=True)
+    app = ExternalApp.build("lights", LIGHTS_DESCRIPTION, doc, base_url, allowed_networks=LOOPBACK_NETWORKS)
     started = start_external_episode(app, "lights-0", BUILTIN.new_world(0, []))
     instruction = LIGHTS_TASKS[0]["instruction"]
     on_app = Episode(started.world, fmt, instruction, Limits())
@@ -136,7 +136,7 @@ def test_a_rollout_worker_runs_k_rollouts_of_an_apps_task(api, lights_app, tiny_
 
     client, keys = api
     base_url, doc, log = lights_app
-    register(client, keys.tenant_a_admin, base_url, doc)
+    register(client, keys.operator, base_url, doc)
     with session_scope() as s:
         tenant_a = s.scalars(sa.select(Tenant.id).where(Tenant.name == "tenant-a")).one()
         run = TrainingRun(algo="loop", status="running", trigger="test", config={}, tenant_id=tenant_a)
@@ -185,9 +185,9 @@ def test_client_episodes_of_the_apps_train_tasks_join_their_group(api, lights_ap
     configure_env(MODEL=str(lights_model_dir), AGENT_MAX_TURNS=1, AGENT_MAX_NEW_TOKENS=40)
     client, keys = api
     base_url, doc, log = lights_app
-    other_admin = tenant_b_admin()
-    register(client, keys.tenant_a_admin, base_url, doc)
-    register(client, other_admin, base_url, doc)  # tenant b's own app of that name
+    other_admin = tenant_b_key()
+    register(client, keys.operator, base_url, doc)
+    register(client, tenant_b_key("operator"), base_url, doc)  # tenant b's own app of that name
     tok = AutoTokenizer.from_pretrained(lights_model_dir)
     policy = LocalPolicy(AutoModelForCausalLM.from_pretrained(lights_model_dir), tok, "m", seed=0)
 
@@ -227,7 +227,7 @@ def test_learn_with_app_trains_on_rollouts_the_app_reset_and_scored(
     configure_env(MODEL=str(lights_model_dir), MAX_BATCH_SIZE=16)
     client, keys = api
     base_url, doc, log = lights_app
-    register(client, keys.tenant_a_admin, base_url, doc)
+    register(client, keys.operator, base_url, doc)
     args = ["learn", "--app", "lights", "--tenant", "tenant-a", "--iterations", "1"]
     args += ["--tasks-per-iteration", str(TASKS), "--rollouts-per-task", str(K), "--max-turns", "1"]
     args += ["--max-new-tokens", "40", "--dev-limit", str(DEV)]
@@ -254,7 +254,7 @@ def test_train_now_with_app_runs_in_a_learner_worker(api, lights_app, lights_mod
     client, keys = api
     admin = bearer(keys.tenant_a_admin)
     base_url, doc, log = lights_app
-    register(client, keys.tenant_a_admin, base_url, doc)
+    register(client, keys.operator, base_url, doc)
     resp = client.post("/v1/admin/train", json={"algo": "loop", "iterations": 1, "config": CONFIG}, headers=admin)
     assert resp.status_code == 202, resp.text
     run = resp.json()
@@ -275,9 +275,9 @@ def test_train_now_with_app_runs_in_a_learner_worker(api, lights_app, lights_mod
     assert metrics["adapter/promoted"] == 1.0 and done["adapter"] == metrics["adapter"], metrics
 
 
-def tenant_b_admin() -> str:
+def tenant_b_key(role: str = "admin") -> str:
     with get_sessionmaker()() as s:
-        key = create_key(s, "tenant-b", "admin")[1]
+        key = create_key(s, "tenant-b", role)[1]
         s.commit()
     return key
 
@@ -301,10 +301,10 @@ def test_a_train_request_that_could_not_train_is_refused_and_stores_nothing(
     configure_env(APP_CONTROL_ATTEMPTS=1)  # the unreachable app: no retries
     client, keys = api
     base_url, doc, log = lights_app
-    register(client, keys.tenant_a_admin, base_url, doc)
-    register(client, keys.tenant_a_admin, base_url, without_environment(doc), name="plain")
-    register(client, keys.tenant_a_admin, f"http://127.0.0.1:{free_port()}", doc, name="gone")  # nothing listens
-    key = keys.tenant_a_admin if who == "a" else tenant_b_admin()
+    register(client, keys.operator, base_url, doc)
+    register(client, keys.operator, base_url, without_environment(doc), name="plain")
+    register(client, keys.operator, f"http://127.0.0.1:{free_port()}", doc, name="gone")  # nothing listens
+    key = keys.tenant_a_admin if who == "a" else tenant_b_key()
     resp = client.post("/v1/admin/train", json={"config": config}, headers=bearer(key))
     assert resp.status_code == status, resp.text
     assert needle in resp.json()["error"]["message"]
@@ -316,13 +316,13 @@ def test_learn_refuses_an_app_it_cannot_train_on_before_storing_a_run(api, light
 
     client, keys = api
     base_url, doc, _ = lights_app
-    register(client, keys.tenant_a_admin, base_url, without_environment(doc), name="plain")
+    register(client, keys.operator, base_url, without_environment(doc), name="plain")
     runner = CliRunner()
     for args, needle in [
         (["--app", "nope"], "no registered app named 'nope'"),
         (["--app", "plain"], "cannot be trained on"),
         (["--app", "plain", "--tenant", "nobody"], "no tenant named 'nobody'"),
-        (["--tenant", "tenant-a"], "give --app"),
+        (["--app", "nope", "--tenant", "tenant-a"], "no registered app named 'nope' for this tenant"),
         (["--set", "world=nowhere"], "unknown world 'nowhere'"),
     ]:
         result = runner.invoke(cli, ["learn", *args])

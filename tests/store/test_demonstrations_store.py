@@ -27,15 +27,16 @@ def add(tenant: str | None, world: str = "builtin", task_ref: str | None = "t-1"
         return row.id
 
 
-def test_for_training_reads_one_tenants_or_every_tenants_demonstrations_of_a_world_oldest_first(db_url):
+def test_for_training_reads_the_named_tenants_and_the_deployments_demonstrations_of_a_world_oldest_first(db_url):
     a1, b1, a2, deployment = add("a"), add("b"), add("a"), add(None)
     add("a", world="toy")
     with session_scope() as s:
-        tenant_a = get_or_create_tenant(s, "a").id
-        assert [d.id for d in demo_store.for_training(s, tenant_a, "builtin")] == [a1, a2]
-        assert [d.id for d in demo_store.for_training(s, None, "builtin")] == [a1, b1, a2, deployment]
-        assert demo_store.for_training(s, None, "mars") == []
-        row = demo_store.for_training(s, tenant_a, "builtin")[0]
+        tenant_a, tenant_b = get_or_create_tenant(s, "a").id, get_or_create_tenant(s, "b").id
+        assert [d.id for d in demo_store.for_training(s, [tenant_a], "builtin")] == [a1, a2, deployment]
+        assert [d.id for d in demo_store.for_training(s, [tenant_a, tenant_b], "builtin")] == [a1, b1, a2, deployment]
+        assert [d.id for d in demo_store.for_training(s, [], "builtin")] == [deployment]
+        assert demo_store.for_training(s, [tenant_a], "mars") == []
+        row = demo_store.for_training(s, [tenant_a], "builtin")[0]
         assert (row.steps, row.replayed, row.meta, row.seed) == ([STEP], True, {}, 0)
 
 
@@ -70,6 +71,6 @@ def test_a_demonstration_stored_before_0006_keeps_its_actions_as_steps(db_url):
     engine.dispose()
     upgrade(db_url)
     with session_scope() as s:
-        (row,) = demo_store.for_training(s, None, "builtin")
+        (row,) = demo_store.for_training(s, [], "builtin")
         assert row.steps == [{"app": "notes", "api": "list_notes", "args": {}}]
         assert (row.replayed, row.meta, row.seed, row.tenant_id) == (False, {}, 0, None)

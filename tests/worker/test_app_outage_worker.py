@@ -12,7 +12,7 @@ from agentloop.api.app import create_app
 from agentloop.store.db import get_sessionmaker, session_scope
 from agentloop.store.models import App, Episode, Reward, Task
 from agentloop.worker.dispatch import publish_episode
-from tests.apps.loopback_app import API_KEY, LoopbackProcess
+from tests.apps.loopback_app import API_KEY, LOOPBACK_NETWORKS, LoopbackProcess
 from tests.factories import bearer, make_keys
 from tests.processes import ended, wait_for
 
@@ -55,13 +55,13 @@ def rewards_of(task_id: str) -> list[Reward]:
 def test_a_worker_survives_an_app_that_dies_mid_episode_and_at_reset(embedded, todo, processes):
     client = TestClient(create_app())
     with get_sessionmaker()() as s:
-        admin = bearer(make_keys(s).tenant_a_admin)
+        admin = bearer(make_keys(s).operator)
     registration = {
         "name": "todolite",
         "openapi": todo.document,
         "base_url": todo.base_url,
         "auth_header": {"name": "X-Api-Key", "value": API_KEY},
-        "allow_private": True,
+        "allowed_networks": LOOPBACK_NETWORKS,
     }
     assert client.post("/v1/apps", json=registration, headers=admin).status_code == 201
     worker = processes.start("worker", "--queues", "episodes", "--pool", "solo")

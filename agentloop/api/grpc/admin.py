@@ -1,4 +1,4 @@
-"""agentloop.v1.AdminService (admin keys only): what /v1/admin does, with the same service functions."""
+"""agentloop.v1.AdminService (admin and operator keys): what /v1/admin does, with the same service functions."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from agentloop.api import service, streams
 from agentloop.api.auth import Principal
 from agentloop.api.grpc import messages
 from agentloop.api.grpc.calls import Context, admin, blocking, deadline, translates_errors
-from agentloop.api.schemas import AdapterPublic, TrainCreate, TrainingRunPublic
+from agentloop.api.schemas import AdapterPublic, BaseServed, TenantPublic, TenantUpdate, TrainCreate, TrainingRunPublic
 from agentloop.learner import adapters
 from agentloop.proto_gen.agentloop.v1 import agent_pb2 as pb
 from agentloop.proto_gen.agentloop.v1 import agent_pb2_grpc
@@ -42,12 +42,26 @@ def list_adapters(caller: Principal, base_model: str | None) -> Sequence[Adapter
         return [service.adapter_public(a) for a in service.list_adapters(session, caller, base_model)]
 
 
-def activate_adapter(caller: Principal, name: str) -> AdapterPublic:
+def activate_adapter(caller: Principal, name: str) -> AdapterPublic | BaseServed:
+    model = get_settings().model_name
     with get_sessionmaker()() as session:
         row = service.activate_adapter(session, caller, name)
         session.commit()
-    adapters.announce(row)
-    return service.adapter_public(row)
+        public = service.adapter_public(row) if row is not None else BaseServed(base_model=model)
+    adapters.announce(row, model, None if caller.is_operator else caller.tenant_id)
+    return public
+
+
+def get_tenant(caller: Principal) -> TenantPublic:
+    with get_sessionmaker()() as session:
+        return service.tenant_public(session, caller)
+
+
+def update_tenant(caller: Principal, body: TenantUpdate) -> TenantPublic:
+    with get_sessionmaker()() as session:
+        service.update_tenant(session, caller, body)
+        session.commit()
+        return service.tenant_public(session, caller)
 
 
 # --- the service ------------------------------------------------------------------------------------
@@ -87,4 +101,16 @@ class AdminService(agent_pb2_grpc.AdminServiceServicer):
     @translates_errors
     async def ActivateAdapter(self, request: pb.ActivateAdapterRequest, context: Context) -> pb.Adapter:
         caller = await admin(context)
-        return messages.adapter(await blocking(context, activate_adapter, caller, request.name))
+        public = await blocking(context, activate_adapter, caller, request.name)
+        return messages.adapter(public) if isinstance(public, AdapterPublic) else messages.base_served(public)
+
+    @translates_errors
+    async def GetTenant(self, request: pb.GetTenantRequest, context: Context) -> pb.Tenant:
+        caller = await admin(context)
+        return messages.tenant(await blocking(context, get_tenant, caller))
+
+    @translates_errors
+    async def UpdateTenant(self, request: pb.UpdateTenantRequest, context: Context) -> pb.Tenant:
+        caller = await admin(context)
+        body = TenantUpdate(share_training=request.share_training)
+        return messages.tenant(await blocking(context, update_tenant, caller, body))

@@ -14,11 +14,13 @@ from agentloop.api.errors import InvalidRequest
 from agentloop.api.schemas import (
     AdapterPublic,
     AppPublic,
+    BaseServed,
     FeedbackCreate,
     FeedbackPublic,
     StepPublic,
     TaskCreate,
     TaskPublic,
+    TenantPublic,
     TrainCreate,
     TrainingRunPublic,
 )
@@ -121,6 +123,7 @@ def train_create(request: pb.TrainRequest) -> TrainCreate:
         algo=request.algo or "loop",
         recipe=request.recipe or None,
         iterations=request.iterations or 1,
+        shared=request.shared,
         config=config,
     )
 
@@ -226,6 +229,8 @@ def training_run(r: TrainingRunPublic) -> pb.TrainingRun:
         started_at=timestamp(r.started_at),
         finished_at=timestamp(r.finished_at),
         cancel_requested=r.cancel_requested,
+        shared=r.shared,
+        trained_on=struct(r.trained_on),
     )
 
 
@@ -241,4 +246,14 @@ def adapter(a: AdapterPublic) -> pb.Adapter:
         sha256=a.sha256,
         created_at=timestamp(a.created_at),
         activated_at=timestamp(a.activated_at),
+        shared=a.shared,
+        damage=a.damage,
     )
+
+
+def base_served(b: BaseServed) -> pb.Adapter:
+    return pb.Adapter(name=b.name, base_model=b.base_model, status=ADAPTER_STATUS[b.status])
+
+
+def tenant(t: TenantPublic) -> pb.Tenant:
+    return pb.Tenant(name=t.name, share_training=t.share_training, serving=t.serving)

@@ -1,5 +1,6 @@
-"""/v1/admin: start training, follow and cancel training runs, list adapters, activate one (rollback). Admin keys
-only; a tenant's admins see the runs they started and the deployment's (`agentloop learn`, the schedule)."""
+"""/v1/admin: start training, follow and cancel training runs, list adapters, activate one (rollback), the
+tenant's settings. Admin keys only: a tenant's admins see and change their tenant's runs and adapters only;
+operator keys every run and adapter, the shared ones (`agentloop learn`, the schedule, `shared` runs) too."""
 
 from __future__ import annotations
 
@@ -10,7 +11,15 @@ from fastapi import APIRouter, Query, Response, status
 from agentloop import events
 from agentloop.api import service
 from agentloop.api.deps import AdminPrincipal, SessionDep
-from agentloop.api.schemas import AdapterPublic, ErrorBody, TrainCreate, TrainingRunPublic
+from agentloop.api.schemas import (
+    AdapterPublic,
+    BaseServed,
+    ErrorBody,
+    TenantPublic,
+    TenantUpdate,
+    TrainCreate,
+    TrainingRunPublic,
+)
 from agentloop.learner import adapters
 from agentloop.settings import get_settings
 from agentloop.store.models import TrainingRunStatus
@@ -76,12 +85,29 @@ def list_adapters(session: SessionDep, principal: AdminPrincipal, base_model: st
 
 @router.post(
     "/adapters/{name}/activate",
-    response_model=AdapterPublic,
+    response_model=AdapterPublic | BaseServed,
     responses={404: {"model": ErrorBody}, 409: {"model": ErrorBody}},
 )
-def activate(name: str, session: SessionDep, principal: AdminPrincipal) -> AdapterPublic:
-    """Serve this version from the next episode on (any stored version: promotion by hand or rollback)."""
+def activate(name: str, session: SessionDep, principal: AdminPrincipal) -> AdapterPublic | BaseServed:
+    """Serve this version to its owner's episodes from the next one on (promotion by hand or rollback): a
+    tenant admin one of its tenant's versions, an operator any. `base`: the base model (an operator: for the
+    deployment, so tenants without their own version run on the base model)."""
     row = service.activate_adapter(session, principal, name)
     session.commit()
-    adapters.announce(row)
-    return service.adapter_public(row)
+    model = get_settings().model_name
+    adapters.announce(row, model, None if principal.is_operator else principal.tenant_id)
+    return service.adapter_public(row) if row is not None else BaseServed(base_model=model)
+
+
+@router.get("/tenant", response_model=TenantPublic)
+def tenant(session: SessionDep, principal: AdminPrincipal) -> TenantPublic:
+    """This key's tenant: its training settings and what its new episodes run on."""
+    return service.tenant_public(session, principal)
+
+
+@router.patch("/tenant", response_model=TenantPublic, responses={422: {"model": ErrorBody}})
+def update_tenant(body: TenantUpdate, session: SessionDep, principal: AdminPrincipal) -> TenantPublic:
+    """`share_training`: whether shared runs (the deployment's adapter) may train on this tenant's data."""
+    service.update_tenant(session, principal, body)
+    session.commit()
+    return service.tenant_public(session, principal)

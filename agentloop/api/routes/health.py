@@ -9,7 +9,7 @@ from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from agentloop.api.deps import AdminPrincipal
+from agentloop.api.deps import OperatorPrincipal
 from agentloop.api.metrics import REGISTRY
 from agentloop.settings import Settings, get_settings
 from agentloop.store.db import get_engine
@@ -28,7 +28,8 @@ def readyz() -> JSONResponse:
     """Ready to take tasks: the database answers and is migrated, and the broker accepts connections;
     503 `not_ready` otherwise. `workers` counts the live workers consuming each queue. With none on
     `episodes` the status is `degraded`, still 200 (tasks are accepted and wait in the queue, so a load
-    balancer keeps sending them), and `warnings` says why."""
+    balancer keeps sending them), and `warnings` says why; likewise when a worker found an owner's active
+    adapter damaged (its episodes run on a fallback until the files verify again or another is activated)."""
     checks: dict[str, Any] = {}
     try:
         with get_engine().connect() as conn:
@@ -49,6 +50,8 @@ def readyz() -> JSONResponse:
     except Exception as exc:
         checks["broker"] = f"error: {type(exc).__name__}: {exc}"
     workers, warnings = _workers(get_settings())
+    if checks.get("migrations") == "ok":  # the adapters table is as this code reads it
+        warnings += _damaged_adapters()
     ready = all(v == "ok" for v in checks.values())
     return JSONResponse(
         {
@@ -59,6 +62,31 @@ def readyz() -> JSONResponse:
         },
         status_code=200 if ready else 503,
     )
+
+
+def _damaged_adapters() -> list[str]:
+    try:
+        return _damage_warnings()
+    except Exception as exc:  # readiness must answer whatever the store does
+        return [f"could not read the adapters' state: {type(exc).__name__}: {exc}"]
+
+
+def _damage_warnings() -> list[str]:
+    from agentloop.store import adapters as adapter_store
+    from agentloop.store.db import session_scope
+    from agentloop.store.models import Tenant
+
+    with session_scope() as s:
+        out = []
+        for row in adapter_store.damaged_active(s):
+            owner = s.get(Tenant, row.tenant_id).name if row.tenant_id else None  # type: ignore[union-attr]
+            whose = f"tenant {owner!r}'s" if owner else "the shared"
+            since = row.damaged_at.isoformat(timespec="seconds") if row.damaged_at else "?"
+            out.append(
+                f"{whose} active adapter {row.name} cannot be served since {since} ({row.damage}); its episodes "
+                "run on the previous good version or the base model: restore its files or activate another"
+            )
+        return out
 
 
 def _workers(settings: Settings) -> tuple[dict[str, int] | None, list[str]]:
@@ -82,6 +110,7 @@ def _workers(settings: Settings) -> tuple[dict[str, int] | None, list[str]]:
 
 
 @router.get("/metrics")
-def metrics(_: AdminPrincipal) -> Response:
-    """Prometheus metrics (admin key: `authorization: {credentials: <key>}` in the scrape config)."""
+def metrics(_: OperatorPrincipal) -> Response:
+    """Prometheus metrics of the whole deployment (operator key: `authorization: {credentials: <key>}` in the
+    scrape config)."""
     return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)

@@ -13,7 +13,7 @@ from fastapi.responses import StreamingResponse
 from agentloop import events
 from agentloop.api import service, streams
 from agentloop.api.deps import CurrentPrincipal, SessionDep
-from agentloop.api.errors import InvalidRequest
+from agentloop.api.errors import InvalidRequest, ServiceError
 from agentloop.api.schemas import (
     ERRORS,
     ErrorBody,
@@ -149,14 +149,18 @@ async def task_events(
     after: Annotated[str | None, Query(description="Resume after this event id ('<attempt>.<index>').")] = None,
 ) -> StreamingResponse:
     """Server-sent events: `step` for each step as it is stored, `attempt` when a retry starts, and
-    `result` (the task) at the end. Reconnect with Last-Event-ID to resume with no gap."""
+    `result` (the task) at the end. Reconnect with Last-Event-ID to resume with no gap. A stream that
+    cannot go on (its key was revoked or expired) ends with an `error` event: the error body."""
     attempt, index = parse_resume(last_event_id or after)
     await run_in_threadpool(streams.check_task_access, principal, task_id)
 
     async def stream() -> AsyncIterator[str]:
         position = streams.Position(attempt, index)
-        async for event in streams.follow_task(principal, task_id, position, stopped=request.is_disconnected):
-            yield _sse_event(event)
+        try:
+            async for event in streams.follow_task(principal, task_id, position, stopped=request.is_disconnected):
+                yield _sse_event(event)
+        except ServiceError as exc:  # the 200 is sent: the error goes in the stream, then it closes
+            yield _sse("error", exc.body())
 
     return StreamingResponse(
         stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}

@@ -298,17 +298,39 @@ class App(_message.Message):
     resettable: bool
     def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., kind: _Optional[_Union[AppKind, str]] = ..., api_count: _Optional[int] = ..., base_url: _Optional[str] = ..., resettable: _Optional[bool] = ...) -> None: ...
 
+class GetTenantRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class UpdateTenantRequest(_message.Message):
+    __slots__ = ("share_training",)
+    SHARE_TRAINING_FIELD_NUMBER: _ClassVar[int]
+    share_training: bool
+    def __init__(self, share_training: _Optional[bool] = ...) -> None: ...
+
+class Tenant(_message.Message):
+    __slots__ = ("name", "share_training", "serving")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SHARE_TRAINING_FIELD_NUMBER: _ClassVar[int]
+    SERVING_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    share_training: bool
+    serving: str
+    def __init__(self, name: _Optional[str] = ..., share_training: _Optional[bool] = ..., serving: _Optional[str] = ...) -> None: ...
+
 class TrainRequest(_message.Message):
-    __slots__ = ("algo", "iterations", "config", "recipe")
+    __slots__ = ("algo", "iterations", "config", "recipe", "shared")
     ALGO_FIELD_NUMBER: _ClassVar[int]
     ITERATIONS_FIELD_NUMBER: _ClassVar[int]
     CONFIG_FIELD_NUMBER: _ClassVar[int]
     RECIPE_FIELD_NUMBER: _ClassVar[int]
+    SHARED_FIELD_NUMBER: _ClassVar[int]
     algo: str
     iterations: int
     config: _struct_pb2.Struct
     recipe: str
-    def __init__(self, algo: _Optional[str] = ..., iterations: _Optional[int] = ..., config: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., recipe: _Optional[str] = ...) -> None: ...
+    shared: bool
+    def __init__(self, algo: _Optional[str] = ..., iterations: _Optional[int] = ..., config: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., recipe: _Optional[str] = ..., shared: _Optional[bool] = ...) -> None: ...
 
 class GetTrainingRunRequest(_message.Message):
     __slots__ = ("run_id",)
@@ -329,7 +351,7 @@ class CancelTrainingRunRequest(_message.Message):
     def __init__(self, run_id: _Optional[str] = ...) -> None: ...
 
 class TrainingRun(_message.Message):
-    __slots__ = ("id", "algo", "status", "trigger", "iteration", "progress", "metrics", "config", "error", "adapter", "created_at", "started_at", "finished_at", "cancel_requested")
+    __slots__ = ("id", "algo", "status", "trigger", "iteration", "progress", "metrics", "config", "error", "adapter", "created_at", "started_at", "finished_at", "cancel_requested", "shared", "trained_on")
     ID_FIELD_NUMBER: _ClassVar[int]
     ALGO_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
@@ -344,6 +366,8 @@ class TrainingRun(_message.Message):
     STARTED_AT_FIELD_NUMBER: _ClassVar[int]
     FINISHED_AT_FIELD_NUMBER: _ClassVar[int]
     CANCEL_REQUESTED_FIELD_NUMBER: _ClassVar[int]
+    SHARED_FIELD_NUMBER: _ClassVar[int]
+    TRAINED_ON_FIELD_NUMBER: _ClassVar[int]
     id: str
     algo: str
     status: TrainingRunStatus
@@ -358,7 +382,9 @@ class TrainingRun(_message.Message):
     started_at: _timestamp_pb2.Timestamp
     finished_at: _timestamp_pb2.Timestamp
     cancel_requested: bool
-    def __init__(self, id: _Optional[str] = ..., algo: _Optional[str] = ..., status: _Optional[_Union[TrainingRunStatus, str]] = ..., trigger: _Optional[str] = ..., iteration: _Optional[int] = ..., progress: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., metrics: _Optional[_Iterable[_Union[_struct_pb2.Struct, _Mapping]]] = ..., config: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., error: _Optional[str] = ..., adapter: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., cancel_requested: _Optional[bool] = ...) -> None: ...
+    shared: bool
+    trained_on: _struct_pb2.Struct
+    def __init__(self, id: _Optional[str] = ..., algo: _Optional[str] = ..., status: _Optional[_Union[TrainingRunStatus, str]] = ..., trigger: _Optional[str] = ..., iteration: _Optional[int] = ..., progress: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., metrics: _Optional[_Iterable[_Union[_struct_pb2.Struct, _Mapping]]] = ..., config: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., error: _Optional[str] = ..., adapter: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., cancel_requested: _Optional[bool] = ..., shared: _Optional[bool] = ..., trained_on: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
 
 class ListAdaptersRequest(_message.Message):
     __slots__ = ("base_model",)
@@ -379,7 +405,7 @@ class ActivateAdapterRequest(_message.Message):
     def __init__(self, name: _Optional[str] = ...) -> None: ...
 
 class Adapter(_message.Message):
-    __slots__ = ("name", "version", "base_model", "parent", "status", "training_run_id", "metrics", "sha256", "created_at", "activated_at")
+    __slots__ = ("name", "version", "base_model", "parent", "status", "training_run_id", "metrics", "sha256", "created_at", "activated_at", "shared", "damage")
     NAME_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     BASE_MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -390,6 +416,8 @@ class Adapter(_message.Message):
     SHA256_FIELD_NUMBER: _ClassVar[int]
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
     ACTIVATED_AT_FIELD_NUMBER: _ClassVar[int]
+    SHARED_FIELD_NUMBER: _ClassVar[int]
+    DAMAGE_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: int
     base_model: str
@@ -400,4 +428,6 @@ class Adapter(_message.Message):
     sha256: str
     created_at: _timestamp_pb2.Timestamp
     activated_at: _timestamp_pb2.Timestamp
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[int] = ..., base_model: _Optional[str] = ..., parent: _Optional[str] = ..., status: _Optional[_Union[AdapterStatus, str]] = ..., training_run_id: _Optional[str] = ..., metrics: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., sha256: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., activated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    shared: bool
+    damage: str
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[int] = ..., base_model: _Optional[str] = ..., parent: _Optional[str] = ..., status: _Optional[_Union[AdapterStatus, str]] = ..., training_run_id: _Optional[str] = ..., metrics: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., sha256: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., activated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., shared: _Optional[bool] = ..., damage: _Optional[str] = ...) -> None: ...

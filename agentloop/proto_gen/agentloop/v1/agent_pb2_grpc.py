@@ -480,6 +480,16 @@ class AdminServiceStub:
                 request_serializer=agentloop_dot_v1_dot_agent__pb2.ActivateAdapterRequest.SerializeToString,
                 response_deserializer=agentloop_dot_v1_dot_agent__pb2.Adapter.FromString,
                 _registered_method=True)
+        self.GetTenant = channel.unary_unary(
+                '/agentloop.v1.AdminService/GetTenant',
+                request_serializer=agentloop_dot_v1_dot_agent__pb2.GetTenantRequest.SerializeToString,
+                response_deserializer=agentloop_dot_v1_dot_agent__pb2.Tenant.FromString,
+                _registered_method=True)
+        self.UpdateTenant = channel.unary_unary(
+                '/agentloop.v1.AdminService/UpdateTenant',
+                request_serializer=agentloop_dot_v1_dot_agent__pb2.UpdateTenantRequest.SerializeToString,
+                response_deserializer=agentloop_dot_v1_dot_agent__pb2.Tenant.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -532,9 +542,25 @@ class AdminServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ActivateAdapter(self, request, context):
-        """Serve this adapter version from the next episode on: promotion by hand, or rollback to an
-        older version. NOT_FOUND for an unknown name; FAILED_PRECONDITION when its files are missing
-        or do not match their checksum.
+        """Serve this adapter version to its owner's episodes from the next one on: promotion by hand, or
+        rollback to an older version. A tenant admin activates its tenant's versions, an operator any.
+        "base": the caller's tenant (an operator: the deployment) runs on the base model; the reply then
+        has name "base". NOT_FOUND for an unknown name or another tenant's; FAILED_PRECONDITION when its
+        files are missing or do not match their checksum.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetTenant(self, request, context):
+        """The caller's tenant: its training settings and what its new episodes run on.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UpdateTenant(self, request, context):
+        """Change the caller's tenant's training settings.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -572,6 +598,16 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.ActivateAdapter,
                     request_deserializer=agentloop_dot_v1_dot_agent__pb2.ActivateAdapterRequest.FromString,
                     response_serializer=agentloop_dot_v1_dot_agent__pb2.Adapter.SerializeToString,
+            ),
+            'GetTenant': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetTenant,
+                    request_deserializer=agentloop_dot_v1_dot_agent__pb2.GetTenantRequest.FromString,
+                    response_serializer=agentloop_dot_v1_dot_agent__pb2.Tenant.SerializeToString,
+            ),
+            'UpdateTenant': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateTenant,
+                    request_deserializer=agentloop_dot_v1_dot_agent__pb2.UpdateTenantRequest.FromString,
+                    response_serializer=agentloop_dot_v1_dot_agent__pb2.Tenant.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -741,6 +777,60 @@ class AdminService:
             '/agentloop.v1.AdminService/ActivateAdapter',
             agentloop_dot_v1_dot_agent__pb2.ActivateAdapterRequest.SerializeToString,
             agentloop_dot_v1_dot_agent__pb2.Adapter.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetTenant(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentloop.v1.AdminService/GetTenant',
+            agentloop_dot_v1_dot_agent__pb2.GetTenantRequest.SerializeToString,
+            agentloop_dot_v1_dot_agent__pb2.Tenant.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateTenant(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentloop.v1.AdminService/UpdateTenant',
+            agentloop_dot_v1_dot_agent__pb2.UpdateTenantRequest.SerializeToString,
+            agentloop_dot_v1_dot_agent__pb2.Tenant.FromString,
             options,
             channel_credentials,
             insecure,
