@@ -91,6 +91,11 @@ class Settings(BaseSettings):
         description="Most served adapter versions a worker's policy holds at once (tenants' and the shared one); "
         "past it the least recently used one no episode runs on is unloaded.",
     )
+    mixed_adapter_batches: bool = Field(
+        True,
+        description="Decode episodes on different adapters in one batch (each row through its own adapter's LoRA "
+        "terms); false: one batch per adapter, one after another.",
+    )
 
     # --- agent limits (paper: 40 train / 50 eval turns, 1,500 new tokens, 3,000 obs tokens) --------
     agent_max_turns: int = Field(20, description="Turns before a served episode stops.")

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from agentloop.policy import mixed_lora
 from agentloop.policy.base import Generation, GenerationRequest
 from agentloop.policy.models import load_model_and_tokenizer, output_cache, resolve_model_dir
 from agentloop.settings import Settings
@@ -72,12 +73,18 @@ class LocalPolicy:
         seed: int | None = None,
         max_cached_episodes: int = 64,
         max_batch_tokens: int = 65536,
+        mixed_adapter_batches: bool = True,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.name = name
         self.max_batch_size = max_batch_size
         self.max_batch_tokens = max_batch_tokens
+        # rows on different adapters decode in one forward (PEFT routes each row through its own LoRA
+        # weights, the base weights run once for all); False: one batch per adapter, one after another
+        self.mixed_adapter_batches = mixed_adapter_batches
+        self.stacked_lora = True  # False: PEFT's own mixed batch (per adapter in every layer), to compare
+        self._mixed: mixed_lora.MixedLora | None = None  # while a batch of rows on different adapters decodes
         self._lock = threading.Lock()
         self._adapters: set[str] = set()
         self._prefixes: OrderedDict[str, _Prefix] = OrderedDict()
@@ -112,6 +119,7 @@ class LocalPolicy:
             name=settings.model_name,
             max_batch_size=settings.max_batch_size,
             max_batch_tokens=settings.max_batch_tokens,
+            mixed_adapter_batches=settings.mixed_adapter_batches,
         )
 
     # --- adapters --------------------------------------------------------------------------
@@ -155,11 +163,11 @@ class LocalPolicy:
         for i, req in enumerate(requests):
             if req.adapter is not None and req.adapter not in self._adapters:
                 raise KeyError(f"adapter {req.adapter!r} is not loaded (loaded: {sorted(self._adapters)})")
-            groups[(req.adapter, req.temperature)].append(i)
+            groups[(None if self.mixed_adapter_batches else req.adapter, req.temperature)].append(i)
         with self._lock:
-            for (adapter, temperature), idx in groups.items():
+            for (_, temperature), idx in groups.items():
                 for chunk in self._batches(requests, idx):
-                    outs = self._sample([requests[i] for i in chunk], adapter, temperature)
+                    outs = self._sample([requests[i] for i in chunk], temperature)
                     for i, out in zip(chunk, outs, strict=True):
                         results[i] = out
         return [r for r in results if r is not None]
@@ -185,14 +193,34 @@ class LocalPolicy:
         return batches
 
     @torch.inference_mode()
-    def _sample(self, reqs: list[GenerationRequest], adapter: str | None, temperature: float) -> list[Generation]:
+    def _sample(self, reqs: list[GenerationRequest], temperature: float) -> list[Generation]:
+        adapters = [r.adapter for r in reqs]
         model = self.model
-        if self._adapters:
-            if adapter is None:
+        if self._adapters and len(set(adapters)) == 1:  # one adapter: select it (or none) for the whole model
+            if adapters[0] is None:
                 with model.disable_adapter():
-                    return self._decode(reqs, temperature, adapter)
-            model.set_adapter(adapter)
-        return self._decode(reqs, temperature, adapter)
+                    return self._decode(reqs, temperature, adapters)
+            model.set_adapter(adapters[0])
+        elif self._adapters:  # rows on different adapters: stacked LoRA terms (mixed_lora.py), else PEFT's
+            present = [a for a in set(adapters) if a is not None]
+            if self.stacked_lora and mixed_lora.supported(model, present):
+                with mixed_lora.MixedLora(model, adapters) as self._mixed:
+                    try:
+                        return self._decode(reqs, temperature, adapters)
+                    finally:
+                        self._mixed = None
+        return self._decode(reqs, temperature, adapters)
+
+    def _routing(self, adapters: Sequence[str | None]) -> dict[str, Any]:
+        """What the next forward needs to send each of its rows through the row's own adapter, when the rows'
+        adapters differ: the stacked LoRA terms routed (no argument), or PEFT's mixed-adapter batch
+        (`adapter_names`, `__base__`: none). Nothing when they are all the same."""
+        if self._mixed is not None:
+            self._mixed.route(adapters)
+            return {}
+        if len(set(adapters)) <= 1:
+            return {}
+        return {"adapter_names": [a if a is not None else "__base__" for a in adapters]}
 
     def _reusable(self, req: GenerationRequest, adapter: str | None) -> tuple[int, _Prefix | None]:
         """How many leading tokens of the context already have keys/values cached: the episode's own
@@ -210,19 +238,26 @@ class LocalPolicy:
                 return usable, shared
         return 0, None
 
-    def _decode(self, reqs: list[GenerationRequest], temperature: float, adapter: str | None) -> list[Generation]:
+    def _decode(
+        self, reqs: list[GenerationRequest], temperature: float, adapters: list[str | None]
+    ) -> list[Generation]:
+        """Sample the rows, row b on `adapters[b]` (the model is set to it already when all are the same)."""
         device = self.model.device
         B = len(reqs)
         if min(len(r.context) for r in reqs) == 0:
             raise ValueError("cannot generate from an empty context")
-        # rows with the same context (M samples at one prefix, the first turns of K rollouts of a task) are
-        # prefilled once: each takes the cache layout of the first row with its context
-        first: dict[tuple[int, ...], int] = {}
-        owner = [first.setdefault(tuple(r.context), b) for b, r in enumerate(reqs)]
+        # rows with the same context on the same adapter (M samples at one prefix, the first turns of K
+        # rollouts of a task) are prefilled once: each takes the cache layout of the first such row
+        first: dict[tuple[str | None, tuple[int, ...]], int] = {}
+        owner = [first.setdefault((adapters[b], tuple(r.context)), b) for b, r in enumerate(reqs)]
         distinct = list(first.values())  # increasing: each context's first row
-        reuse = [self._reusable(r, adapter) for r in reqs]
-        if self._prime_shared([reqs[b] for b in distinct if reuse[b][0] == 0], adapter):
-            reuse = [self._reusable(r, adapter) for r in reqs]
+        reuse = [self._reusable(r, a) for r, a in zip(reqs, adapters, strict=True)]
+        primed = False
+        for adapter in dict.fromkeys(adapters):
+            opening = [reqs[b] for b in distinct if reuse[b][0] == 0 and adapters[b] == adapter]
+            primed = self._prime_shared(opening, adapter, mixed=len(set(adapters)) > 1) or primed
+        if primed:
+            reuse = [self._reusable(r, a) for r, a in zip(reqs, adapters, strict=True)]
         reuse = [reuse[o] for o in owner]
         cached = [n for n, _ in reuse]
         P = max(cached)
@@ -245,7 +280,7 @@ class LocalPolicy:
         for r, (n, prefix) in zip(reqs, reuse, strict=True):  # this call keeps them again, longer: free them now
             if n and r.key is not None and self._prefixes.get(r.key) is prefix:
                 del self._prefixes[r.key]
-        logits, cache = self._prefill(ids[rows], mask[rows], positions[rows], past)
+        logits, cache = self._prefill(ids[rows], mask[rows], positions[rows], past, [adapters[b] for b in distinct])
         del past  # the prefill's cache holds its own copy of these keys/values
         if len(distinct) < B:
             slot = {b: k for k, b in enumerate(distinct)}
@@ -278,7 +313,12 @@ class LocalPolicy:
                 break
             mask = torch.cat([mask, torch.ones((B, 1), dtype=mask.dtype, device=device)], dim=-1)
             out = self.model(
-                input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos, cache=cache, use_cache=True
+                input_ids=tok[:, None],
+                attention_mask=mask,
+                position_ids=next_pos,
+                cache=cache,
+                use_cache=True,
+                **self._routing(adapters),
             )
             cache = output_cache(out)
             logits = out.logits[:, -1, :]
@@ -298,10 +338,12 @@ class LocalPolicy:
             row, lps = row[:n], lps[:n]
             text_ids = row[:-1] if finish == "stop" else row
             gens.append(Generation(row, lps, finish, self.tokenizer.decode(text_ids, skip_special_tokens=True)))
-        self._keep_prefixes(reqs, gens, cache, mask, fed=steps - 1, adapter=adapter)
+        self._keep_prefixes(reqs, gens, cache, mask, fed=steps - 1, adapters=adapters)
         return gens
 
-    def _prefill(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, past: Any) -> tuple[Any, Any]:
+    def _prefill(
+        self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, past: Any, adapters: list[str | None]
+    ) -> tuple[Any, Any]:
         """The batch's new tokens through the model, a few rows at a time (at most PREFILL_TOKENS new tokens
         per forward): one forward over many long rows materialises attention scores of rows x new x all
         tokens at once (gigabytes for 16 rows of 2-3k tokens), where a few rows at a time need a fraction.
@@ -324,6 +366,7 @@ class LocalPolicy:
                     cache=part_past,
                     use_cache=True,
                     logits_to_keep=1,
+                    **self._routing(adapters[part]),
                 )
             )
         logits = torch.cat([out.logits[:, -1, :] for out in outs])
@@ -336,9 +379,10 @@ class LocalPolicy:
         ]
         return logits, DynamicCache(ddp_cache_data=merged)
 
-    def _prime_shared(self, new: list[GenerationRequest], adapter: str | None) -> bool:
-        """Several new episodes that open the same way (rollouts of one task, a batch of tasks): run the
-        model once over their common opening and share its keys/values, instead of once per row."""
+    def _prime_shared(self, new: list[GenerationRequest], adapter: str | None, mixed: bool = False) -> bool:
+        """Several new episodes on one adapter that open the same way (rollouts of one task, a batch of tasks):
+        run the model once over their common opening and share its keys/values, instead of once per row.
+        `mixed`: the model is not set to `adapter` (the batch mixes adapters), so the row is routed to it."""
         if len(new) < 2 or self.max_cached_episodes <= 0:
             return False
         common = len(new[0].context) - 1
@@ -348,7 +392,12 @@ class LocalPolicy:
             return False
         opening = list(new[0].context[:common])
         ids = torch.tensor([opening], dtype=torch.long, device=self.model.device)
-        out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1)
+        route: dict[str, Any] = {}
+        if mixed and self._mixed is not None:
+            self._mixed.route([adapter])
+        elif mixed:
+            route = {"adapter_names": [adapter if adapter is not None else "__base__"]}
+        out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1, **route)
         cache = output_cache(out)
         kv = [(layer.keys[0], layer.values[0]) for layer in cache.layers]
         self._shared[adapter] = _Prefix(opening, kv, adapter)
@@ -378,7 +427,7 @@ class LocalPolicy:
         cache: Any,
         mask: torch.Tensor,
         fed: int,
-        adapter: str | None,
+        adapters: list[str | None],
     ) -> None:
         """Keep each episode's keys/values (its context and the generated tokens the model has seen), so
         its next turn only feeds the new tokens."""
@@ -392,7 +441,7 @@ class LocalPolicy:
             kv = [
                 (layer.keys[b].index_select(1, keep), layer.values[b].index_select(1, keep)) for layer in cache.layers
             ]
-            self._prefixes[req.key] = self._shared[adapter] = _Prefix(seen, kv, adapter)
+            self._prefixes[req.key] = self._shared[adapters[b]] = _Prefix(seen, kv, adapters[b])
             self._prefixes.move_to_end(req.key)
         while len(self._prefixes) > self.max_cached_episodes:
             self._prefixes.popitem(last=False)

@@ -161,7 +161,7 @@ def test_a_batch_of_new_episodes_computes_its_common_opening_once(tiny_model_dir
     ]
     primed = []
     prime = cached._prime_shared
-    cached._prime_shared = lambda new, adapter: primed.append(len(new)) or prime(new, adapter)  # type: ignore[method-assign]
+    cached._prime_shared = lambda new, adapter, **kw: primed.append(len(new)) or prime(new, adapter, **kw)  # type: ignore[method-assign]
     a, b = cached.generate(reqs), plain.generate(reqs)
     assert primed == [3] and cached._reusable(reqs[1], None)[0] >= len(opening)  # computed once, shared by three
     for x, y, req in zip(a, b, reqs, strict=True):
@@ -286,3 +286,57 @@ def test_a_cache_with_room_gives_what_concatenation_gives_and_grows_past_its_roo
         for p_lay, g_lay in zip(plain.layers, grown.layers, strict=True):
             torch.testing.assert_close(g_lay.keys, p_lay.keys)
             torch.testing.assert_close(g_lay.values, p_lay.values)
+
+
+@pytest.mark.parametrize("stacked", [True, False], ids=["stacked", "peft_adapter_names"])
+def test_a_batch_mixing_adapters_samples_each_row_as_its_adapter_alone_would(tiny_model_dir, tmp_path, stacked):
+    """Rows on three adapters and the base model decode in one batch (PEFT's mixed-adapter forward): the same
+    greedy tokens, and log-probs matching a teacher-forced forward on each row's adapter, as one batch per
+    adapter gives; over two turns (cached prefixes per adapter), and with one context on several adapters."""
+    names = [f"tiny@v{i}" for i in (1, 2, 3)]
+    paths = [save_random_lora(tiny_model_dir, tmp_path / n, seed=i, scale=2.0) for i, n in enumerate(names)]
+    mixed = tiny_policy(tiny_model_dir, seed=5, mixed_adapter_batches=True)
+    grouped = tiny_policy(tiny_model_dir, seed=5, mixed_adapter_batches=False)
+    mixed.stacked_lora = stacked
+    for policy in (mixed, grouped):
+        for name, path in zip(names, paths, strict=True):
+            policy.load_adapter(name, str(path))
+    from agentloop.policy import mixed_lora
+
+    assert mixed_lora.supported(mixed.model, names)  # the stacked form runs, not PEFT's per-adapter loop
+    tok = mixed.tokenizer
+    opening = tok.encode("You are an agent that calls apps. The user asks for this:", add_special_tokens=False)
+    asks = ["buy milk", "call Ann", "buy milk", "pay rent", "buy milk"]
+    adapters = [names[0], names[1], names[2], None, names[0]]  # "buy milk" on three adapters, twice on v1
+    contexts = [opening + tok.encode(" " + a, add_special_tokens=False) for a in asks]
+    turns = {}
+    for label, policy in (("mixed", mixed), ("grouped", grouped)):
+        out = []
+        ctx = [list(c) for c in contexts]
+        for _ in range(2):
+            reqs = [
+                GenerationRequest(c, 6, temperature=0.0, adapter=a, key=f"e{i}")
+                for i, (c, a) in enumerate(zip(ctx, adapters, strict=True))
+            ]
+            gens = policy.generate(reqs)
+            out.append(gens)
+            ctx = [
+                c + g.token_ids + tok.encode(" ok", add_special_tokens=False) for c, g in zip(ctx, gens, strict=True)
+            ]
+        turns[label] = (out, ctx)
+    for turn_m, turn_g in zip(turns["mixed"][0], turns["grouped"][0], strict=True):
+        assert [g.token_ids for g in turn_m] == [g.token_ids for g in turn_g]
+        for m, g in zip(turn_m, turn_g, strict=True):
+            assert m.logprobs == pytest.approx(g.logprobs, abs=1e-4)
+    # the rows on different adapters really differ, and each matches its adapter alone
+    first = turns["mixed"][0][0]
+    assert len({tuple(first[b].logprobs) for b in (0, 1, 2)}) == 3
+    model = mixed.model
+    for b, adapter in enumerate(adapters):
+        if adapter is None:
+            with model.disable_adapter():
+                expected = naive_logprobs(model, contexts[b], first[b].token_ids)
+        else:
+            model.set_adapter(adapter)
+            expected = naive_logprobs(model, contexts[b], first[b].token_ids)
+        assert first[b].logprobs == pytest.approx(expected, abs=1e-4)
