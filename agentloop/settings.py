@@ -96,6 +96,12 @@ class Settings(BaseSettings):
         description="Decode episodes on different adapters in one batch (each row through its own adapter's LoRA "
         "terms); false: one batch per adapter, one after another.",
     )
+    batch_window_ms: float = Field(
+        20.0,
+        ge=0,
+        description="How long a generate call waits for the worker's other running episodes to join its batch "
+        "(only while other threads were generating within the last second); 0: join only calls already waiting.",
+    )
 
     # --- agent limits (paper: 40 train / 50 eval turns, 1,500 new tokens, 3,000 obs tokens) --------
     agent_max_turns: int = Field(20, description="Turns before a served episode stops.")

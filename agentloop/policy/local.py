@@ -21,6 +21,7 @@ import torch
 
 from agentloop.policy import mixed_lora
 from agentloop.policy.base import Generation, GenerationRequest
+from agentloop.policy.coalesce import Coalescer
 from agentloop.policy.models import load_model_and_tokenizer, output_cache, resolve_model_dir
 from agentloop.settings import Settings
 
@@ -74,6 +75,7 @@ class LocalPolicy:
         max_cached_episodes: int = 64,
         max_batch_tokens: int = 65536,
         mixed_adapter_batches: bool = True,
+        batch_window_s: float = 0.02,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -86,6 +88,8 @@ class LocalPolicy:
         self.stacked_lora = True  # False: PEFT's own mixed batch (per adapter in every layer), to compare
         self._mixed: mixed_lora.MixedLora | None = None  # while a batch of rows on different adapters decodes
         self._lock = threading.Lock()
+        # calls other threads make while a batch decodes (a worker's concurrent episodes) join the next one
+        self._coalesce: Coalescer[GenerationRequest, Generation] = Coalescer(self._generate, batch_window_s)
         self._adapters: set[str] = set()
         self._prefixes: OrderedDict[str, _Prefix] = OrderedDict()
         self._shared: dict[str | None, _Prefix] = {}  # per adapter: the latest kept prefix, for new episodes
@@ -120,6 +124,7 @@ class LocalPolicy:
             max_batch_size=settings.max_batch_size,
             max_batch_tokens=settings.max_batch_tokens,
             mixed_adapter_batches=settings.mixed_adapter_batches,
+            batch_window_s=settings.batch_window_ms / 1000,
         )
 
     # --- adapters --------------------------------------------------------------------------
@@ -158,11 +163,20 @@ class LocalPolicy:
 
     # --- sampling --------------------------------------------------------------------------
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
+        for req in requests:
+            if req.adapter is not None and req.adapter not in self._adapters:
+                raise KeyError(f"adapter {req.adapter!r} is not loaded (loaded: {sorted(self._adapters)})")
+        return self._coalesce(requests)
+
+    @property
+    def batches_merged(self) -> tuple[int, int]:
+        """(batches run, of them those that held several threads' calls)."""
+        return self._coalesce.batches, self._coalesce.merged
+
+    def _generate(self, requests: list[GenerationRequest]) -> list[Generation]:
         results: list[Generation | None] = [None] * len(requests)
         groups: dict[tuple[str | None, float], list[int]] = defaultdict(list)
         for i, req in enumerate(requests):
-            if req.adapter is not None and req.adapter not in self._adapters:
-                raise KeyError(f"adapter {req.adapter!r} is not loaded (loaded: {sorted(self._adapters)})")
             groups[(None if self.mixed_adapter_batches else req.adapter, req.temperature)].append(i)
         with self._lock:
             for (_, temperature), idx in groups.items():
@@ -448,6 +462,7 @@ class LocalPolicy:
 
     def end_episode(self, key: str) -> None:
         """Forget an episode's cached keys/values."""
+        self._coalesce.forget()
         with self._lock:
             self._prefixes.pop(key, None)
 
