@@ -514,6 +514,13 @@ def eval_command(
         None,
         help="File of task refs, one per line: run those tasks of the world or of --app instead of --split.",
     ),
+    fresh: int = typer.Option(
+        None,
+        min=1,
+        help="Instead of --split: N fresh instances of the world's train scenarios (each scenario in turn, new "
+        "people and values on seeds drawn from --seed): how the model does on new tasks of the kinds it trains on.",
+    ),
+    seed: int = typer.Option(0, help="With --fresh: the seed the instances' seeds are drawn from."),
     max_turns: int = typer.Option(None, min=1, help="Turn limit (default AGENTLOOP_AGENT_MAX_TURNS)."),
     max_new_tokens: int = typer.Option(
         None, min=1, help="New tokens per turn (default AGENTLOOP_AGENT_MAX_NEW_TOKENS)."
@@ -539,6 +546,8 @@ def eval_command(
             app_name=app_name,
             tenant=tenant,
             task_refs=task_refs,
+            fresh=fresh,
+            seed=seed,
             max_turns=max_turns,
             max_new_tokens=max_new_tokens,
             temperature=temperature,

@@ -219,6 +219,8 @@ def run_eval_command(
     max_new_tokens: int | None,
     temperature: float,
     batch_size: int | None,
+    fresh: int | None = None,
+    seed: int = 0,
 ) -> dict[str, Any]:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -227,9 +229,11 @@ def run_eval_command(
     from agentloop.agent.episode import Limits
     from agentloop.agent.evaluate import run_eval, scored, summarize, tgc
     from agentloop.apps.builtin import BUILTIN
-    from agentloop.apps.registry import get_world
+    from agentloop.apps.registry import fresh_instances, get_world
     from agentloop.store.db import session_scope
 
+    if fresh is not None and (task_refs is not None or app_name):
+        raise ValueError("--fresh draws its own tasks: not with --task-refs or --app")
     kind, adapter_ref = parse_policy(policy)
     tenant_id = None
     with session_scope() as s:
@@ -244,6 +248,9 @@ def run_eval_command(
             if task_refs is not None:  # named tasks (procedural `<scenario>@<seed>` refs too) instead of a split
                 tasks = named_world_tasks(provider, _read_refs(task_refs))[:limit]
                 world_name, split_name = world, None
+            elif fresh is not None:  # new instances of the train scenarios: seeds no listed task has
+                tasks = [eval_task(provider, spec) for spec in fresh_instances(provider, fresh, seed)][:limit]
+                world_name, split_name = world, f"fresh@{seed}"
             else:
                 tasks = world_tasks(provider, split, limit)
                 world_name, split_name = world, split

@@ -3,13 +3,16 @@
 
 from __future__ import annotations
 
+import random
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from typing import Protocol, runtime_checkable
 
 from agentloop.apps.base import AppSpec
-from agentloop.apps.tasks import TaskSpec
+from agentloop.apps.tasks import SEED_LIMIT, ScenarioSetupError, TaskSpec, procedural_ref
 from agentloop.apps.world import World
+
+SEED_DRAWS = 8  # seeds tried for a drawn scenario before its setup failing is taken for a broken scenario
 
 
 class WorldProvider(Protocol):
@@ -36,6 +39,37 @@ class ProceduralWorld(WorldProvider, Protocol):
     up on a world of that seed, which `task` and `task_world` resolve like a listed task (the built-in world)."""
 
     def procedural_scenarios(self) -> list[str]: ...
+
+
+def draw_instance(provider: ProceduralWorld, scenario: str, rng: random.Random) -> TaskSpec:
+    """`scenario` set up on a seed drawn from `rng`; a seed its setup finds nothing on is drawn again, up to
+    SEED_DRAWS times, then ScenarioSetupError with the last reason."""
+    failures: list[str] = []
+    for _ in range(SEED_DRAWS):
+        try:
+            return provider.task(procedural_ref(scenario, rng.randrange(SEED_LIMIT)))
+        except ScenarioSetupError as exc:
+            failures.append(str(exc))
+    raise ScenarioSetupError(
+        f"scenario {scenario!r} of world {provider.name!r} could not be set up on {SEED_DRAWS} seeds in a row, "
+        f"the last: {failures[-1]}"
+    )
+
+
+def fresh_instances(provider: WorldProvider, n: int, seed: int) -> list[TaskSpec]:
+    """`n` new instances of the world's train scenarios, each scenario in turn (their listed order), on seeds
+    drawn from `random.Random(seed)`: the kinds of task training sees, with people and values it has not. A
+    world without procedural scenarios is a ValueError."""
+    if not isinstance(provider, ProceduralWorld) or not provider.procedural_scenarios():
+        raise ValueError(
+            f"world {provider.name!r} has no procedural train scenarios (refs '<scenario>@<seed>'), so it has no "
+            "fresh instances: evaluate a split or named task refs"
+        )
+    if n < 1:
+        raise ValueError(f"fresh instances: n must be 1 or more, not {n}")
+    scenarios = provider.procedural_scenarios()
+    rng = random.Random(seed)
+    return [draw_instance(provider, scenarios[i % len(scenarios)], rng) for i in range(n)]
 
 
 class UnknownWorld(KeyError):

@@ -20,15 +20,21 @@ from agentloop.agent.evaluate import EvalTask
 from agentloop.apps.base import ApiError
 from agentloop.apps.external import ExternalApp, split_task_ref
 from agentloop.apps.openapi import TASKS_OP, AppRegistrationError
-from agentloop.apps.registry import ProceduralWorld, UnknownWorld, WorldProvider, get_world, why_no_task
-from agentloop.apps.tasks import SEED_LIMIT, ScenarioSetupError, TaskSpec, procedural_ref
+from agentloop.apps.registry import (
+    ProceduralWorld,
+    UnknownWorld,
+    WorldProvider,
+    draw_instance,
+    get_world,
+    why_no_task,
+)
+from agentloop.apps.tasks import ScenarioSetupError, TaskSpec
 from agentloop.learner.config import LoopConfig
 from agentloop.store.apps import operation_ids, to_external
 from agentloop.store.models import App
 from agentloop.store.tenants import sharing_tenants
 
 APP_WORLD = "app:{}"  # what an app's rollouts (and `agentloop eval --app` runs) record as their world
-SEED_DRAWS = 8  # seeds tried for a drawn scenario before its setup failing is taken for a broken scenario
 
 
 class TaskSourceError(ValueError):
@@ -95,17 +101,11 @@ def _provider(name: str) -> WorldProvider:
 
 
 def _draw(provider: ProceduralWorld, scenario: str, rng: random.Random) -> TaskSpec:
-    """`scenario` set up on a seed from `rng`; a seed its setup finds nothing on is drawn again."""
-    failures: list[str] = []
-    for _ in range(SEED_DRAWS):
-        try:
-            return provider.task(procedural_ref(scenario, rng.randrange(SEED_LIMIT)))
-        except ScenarioSetupError as exc:
-            failures.append(str(exc))
-    raise TaskSourceError(
-        f"scenario {scenario!r} of world {provider.name!r} could not be set up on {SEED_DRAWS} seeds in a row, "
-        f"the last: {failures[-1]}"
-    )
+    """`scenario` set up on a seed from `rng` (`draw_instance`); a scenario no seed sets up is a TaskSourceError."""
+    try:
+        return draw_instance(provider, scenario, rng)
+    except ScenarioSetupError as exc:
+        raise TaskSourceError(str(exc)) from None
 
 
 def of_scenarios(tasks: list[EvalTask], scenarios: tuple[str, ...]) -> list[EvalTask]:

@@ -121,6 +121,24 @@ def test_eval_and_world_commands(isolated_home, tiny_model_dir, configure_env):
     assert named.returncode == 0, named.stderr
     summary = json.loads(named.stdout.strip().splitlines()[-1])
     assert summary["tgc"] == 100.0 and summary["episodes"] == 3
+    # fresh instances of the train scenarios instead of a split: new seeds, solved by the oracle
+    fresh = subprocess.run(
+        [sys.executable, "-m", "agentloop.cli", "eval", "--fresh", "4", "--seed", "3", "--policy", "oracle", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert fresh.returncode == 0, fresh.stderr
+    summary = json.loads(fresh.stdout.strip().splitlines()[-1])
+    assert summary["tgc"] == 100.0 and summary["episodes"] == 4 and summary["split"] == "fresh@3"
+    assert summary["splits"].keys() == {"train"} and summary["scenarios"] == 4
+    both = subprocess.run(
+        [sys.executable, "-m", "agentloop.cli", "eval", "--fresh", "2", "--task-refs", str(refs), "--policy", "oracle"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert both.returncode != 0 and "not with --task-refs or --app" in both.stderr
     refs.write_text("music_like_song-2\nno_such_task-1\n")
     unknown = subprocess.run(
         [sys.executable, "-m", "agentloop.cli", "eval", "--task-refs", str(refs), "--policy", "oracle"],

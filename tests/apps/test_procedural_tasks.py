@@ -14,7 +14,7 @@ from agentloop.api.app import create_app
 from agentloop.apps import registry
 from agentloop.apps.builtin import BUILTIN, BuiltinWorld
 from agentloop.apps.digest import task_fingerprint
-from agentloop.apps.tasks import SEED_LIMIT, SPLITS, procedural_ref, run_oracle
+from agentloop.apps.tasks import SEED_LIMIT, SPLITS, ScenarioSetupError, procedural_ref, run_oracle
 from agentloop.learner.task_source import TaskSource, TaskSourceError, rollout_task
 from agentloop.policy.scripted import oracle_policy, plan_oracle
 from agentloop.settings import get_settings
@@ -200,6 +200,38 @@ def test_fresh_refuses_sources_without_procedural_tasks(monkeypatch):
     assert not toy_source.procedural
     with pytest.raises(TaskSourceError, match="'toy' has no procedural tasks"):
         toy_source.fresh(random.Random(0), 1)
+
+
+def test_fresh_instances_take_each_train_scenario_in_turn_on_seeds_of_their_own():
+    n = len(TRAIN) + 2
+    specs = registry.fresh_instances(BUILTIN, n, seed=11)
+    assert [s.scenario_id for s in specs] == TRAIN + TRAIN[:2]  # every scenario once before any twice
+    assert [s.id for s in registry.fresh_instances(BUILTIN, n, seed=11)] == [s.id for s in specs]
+    assert [s.id for s in registry.fresh_instances(BUILTIN, 5, seed=12)] != [s.id for s in specs[:5]]
+    listed = set(BUILTIN.task_ids())
+    assert all("@" in s.id and s.id not in listed and s.split == "train" for s in specs)
+    with pytest.raises(ValueError, match="1 or more"):
+        registry.fresh_instances(BUILTIN, 0, seed=11)
+
+
+def test_fresh_instances_of_a_world_without_procedural_scenarios_are_refused(monkeypatch):
+    with pytest.raises(ValueError, match="'toy' has no procedural train scenarios"):
+        registry.fresh_instances(ToyWorld(), 3, seed=0)
+
+
+def test_a_scenario_no_seed_sets_up_is_a_setup_error_after_a_few_draws():
+    class NeverSetsUp:
+        name = "never"
+        draws = 0
+
+        def task(self, ref):
+            self.draws += 1
+            raise ScenarioSetupError(f"nothing to set {ref} up on")
+
+    world = NeverSetsUp()
+    with pytest.raises(ScenarioSetupError, match="could not be set up on 8 seeds in a row"):
+        registry.draw_instance(world, "x", random.Random(0))  # type: ignore[arg-type]
+    assert world.draws == registry.SEED_DRAWS
 
 
 def test_a_run_named_scenarios_trains_and_measures_on_those_only():
