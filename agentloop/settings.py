@@ -79,9 +79,10 @@ class Settings(BaseSettings):
         None, description="Converted model weights (GGUF -> safetensors); default `$AGENTLOOP_HOME/models`."
     )
     torch_threads: int | None = Field(None, description="torch intra-op threads (default: torch's choice).")
-    max_batch_size: int = Field(16, description="Most sequences one generate call decodes together.")
+    max_batch_size: int = Field(16, ge=1, description="Most sequences one generate call decodes together.")
     max_batch_tokens: int = Field(
         65536,
+        ge=1,
         description="Most rows x padded width (context + new tokens) decoded together: bounds the batch's "
         "KV cache (SmolLM2-135M: 46 KB a token, so 3 GB); a wider row decodes alone.",
     )

@@ -223,6 +223,8 @@ def test_keys_rotate_prints_a_working_key_and_the_old_one_ends_after_its_grace(s
             "AGENTLOOP_LEASE_S: Input should be a valid integer, unable to parse string as an integer (got 'soon')",
         ),
         ({"AGENTLOOP_TRAIN_CONFIG": "{tasks: 8}"}, "AGENTLOOP_TRAIN_CONFIG could not be parsed as JSON: Expecting"),
+        ({"AGENTLOOP_MAX_BATCH_TOKENS": "0"}, "AGENTLOOP_MAX_BATCH_TOKENS: Input should be greater than or equal to 1"),
+        ({"AGENTLOOP_MAX_BATCH_SIZE": "-2"}, "AGENTLOOP_MAX_BATCH_SIZE: Input should be greater than or equal to 1"),
     ],
 )
 def test_a_configuration_error_is_one_sentence_not_a_traceback(env, sentence):
