@@ -344,13 +344,23 @@ class Trainer:
         self.model.eval()
         self.policy.clear_cache()
         where = f"in iteration {iteration}, during the dev evaluation" if iteration is not None else "evaluating"
+        done: list[bool] = []
+
+        def on_result(result: Any) -> None:
+            done.append(result.success)
+            if len(done) % max(1, len(tasks) // 10) == 0 or len(done) == len(tasks):  # a dev set takes minutes
+                self.report(
+                    {
+                        "phase": "evaluating",
+                        "episodes_done": len(done),
+                        "episodes_total": len(tasks),
+                        "passed": sum(done),
+                    }
+                )
+            self.safe_point(where, collective=False)
+
         results = run_eval(
-            self.policy,
-            tasks,
-            1,
-            self.limits(dev=True),
-            self.settings.max_batch_size,
-            on_result=lambda _r: self.safe_point(where, collective=False),
+            self.policy, tasks, 1, self.limits(dev=True), self.settings.max_batch_size, on_result=on_result
         )
         self.policy.clear_cache()
         return summarize(results)
