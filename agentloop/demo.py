@@ -107,4 +107,8 @@ def run_demo(url: str, key: str, task_refs: list[str], max_turns: int) -> int:
                         f"[bold]{data['status']}[/bold]: reward={data['reward']} success={data['success']} "
                         f"answer={data['answer']!r} error={data['error']!r}\n"
                     )
+                elif event == "error":  # the service ended the stream (e.g. the key was revoked)
+                    error = data.get("error", {})
+                    console.print(f"[red]{ref}: stream ended: {error.get('code')}: {error.get('message')}[/red]")
+                    return 1
     return 0

@@ -148,6 +148,8 @@ async def follow_sse(base: str, task_id: str, key: str, ready: asyncio.Event, re
                     received[json.loads(line.split(":", 1)[1])["index"]] = now
                 elif event == "result":
                     return
+                elif event == "error":  # the service ended the stream: the measurement would be incomplete
+                    raise RuntimeError(f"SSE stream of task {task_id} ended with an error: {line.split(':', 1)[1]}")
 
 
 async def follow_grpc(target: str, task_id: str, key: str, ready: asyncio.Event, received: dict[int, float]) -> None:
