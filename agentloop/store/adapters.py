@@ -27,14 +27,9 @@ def active_adapter(session: Session, base_model: str, tenant_id: str | None = No
 
 def serving_adapter(session: Session, base_model: str, tenant_id: str | None) -> Adapter | None:
     """What a tenant's episodes run on: its own active version, else the shared one unless it chose the base
-    model, else None (the base model). `tenant_id` None: the shared one."""
-    if tenant_id is not None:
-        own = active_adapter(session, base_model, tenant_id)
-        if own is not None:
-            return own
-        if session.scalar(sa.select(Tenant.serve_base).where(Tenant.id == tenant_id)):
-            return None
-    return active_adapter(session, base_model, None)
+    model, else None (the base model). `tenant_id` None: the shared one. The head of `serving_chain`."""
+    chain = serving_chain(session, base_model, tenant_id)
+    return chain[0] if chain else None
 
 
 FALLBACKS_PER_OWNER = 3  # earlier versions tried when the one served cannot be used
@@ -51,9 +46,11 @@ def serving_chain(session: Session, base_model: str, tenant_id: str | None) -> l
     for owner in owners:
         stmt = (
             sa.select(Adapter)
-            .where(Adapter.base_model == base_model, owned_by(owner), Adapter.activated_at.is_not(None))
-            .where(Adapter.status.in_(("active", "retired")))
-            .order_by((Adapter.status == "active").desc(), Adapter.activated_at.desc())
+            .where(Adapter.base_model == base_model, owned_by(owner))
+            .where(
+                sa.or_(Adapter.status == "active", (Adapter.status == "retired") & Adapter.activated_at.is_not(None))
+            )
+            .order_by((Adapter.status == "active").desc(), Adapter.activated_at.desc().nulls_last())
             .limit(FALLBACKS_PER_OWNER + 1)
         )
         rows = list(session.scalars(stmt))
