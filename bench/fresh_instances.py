@@ -21,6 +21,7 @@ import re
 import shlex
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -60,8 +61,18 @@ def slug(label: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.+-]+", "_", label).strip("_") or "model"
 
 
-def figures(summary: dict[str, Any], seconds: float) -> dict[str, Any]:
+def first_calls(results: list[EpisodeResult]) -> dict[str, int]:
+    """How many episodes opened with each call (app.api; "none" when the first turn was no call)."""
+    counts: Counter[str] = Counter()
+    for r in results:
+        action = r.episode.turns[0].action if r.episode.turns else None
+        counts[f"{action['app']}.{action['api']}" if action else "none"] += 1
+    return dict(counts.most_common())
+
+
+def figures(summary: dict[str, Any], seconds: float, results: list[EpisodeResult]) -> dict[str, Any]:
     return {
+        "first_calls": first_calls(results),
         "tgc": summary["tgc"],
         "sgc": summary["sgc"],
         "mean_reward": summary["mean_reward"],
@@ -102,7 +113,7 @@ def measure(policy: Any, label: str, adapter: Path | None, sets: dict[str, list[
             t0 = time.perf_counter()
             on_result = progress_printer(f"{label} {set_name}", len(tasks))
             results = run_eval(policy, tasks, 1, limits, get_settings().max_batch_size, on_result, adapter=name)
-            out[set_name] = figures(summarize(results), time.perf_counter() - t0)
+            out[set_name] = figures(summarize(results), time.perf_counter() - t0, results)
             policy.clear_cache()
     finally:
         if name is not None:
@@ -126,18 +137,20 @@ def docs_section(merged: dict[str, Any], cmds: list[str]) -> str:
         + f"Greedy, {merged['max_turns']} turns, {MAX_NEW_TOKENS} new tokens a turn, as stepagent_curve's dev "
         "evaluation. Adapters are the saved ones of the runs named (training seconds after the start they say).",
         "",
-        "| model | set | TGC | SGC | mean reward | failed calls / episode | give up after failure | turns | eval s |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| model | set | TGC | SGC | mean reward | failed calls / episode | give up after failure | turns "
+        "| first calls | eval s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for label, m in models.items():
         for s in sets:
             if s not in m["sets"]:
                 continue
             f = m["sets"][s]
+            opened = ", ".join(f"{call} {n}" for call, n in list(f.get("first_calls", {}).items())[:2]) or "not kept"
             lines.append(
                 f"| {label} | {s} | {f['tgc']:.1f} | {f['sgc']:.1f} | {f['mean_reward']:.3f} | "
                 f"{f['failed_calls_per_episode']:.2f} | {f['give_up_after_failure_rate']:.2f} | {f['mean_turns']:.1f} "
-                f"| {f['eval_s']:.0f} |"
+                f"| {opened} | {f['eval_s']:.0f} |"
             )
     lines += ["", merged["finding"], "", "<details><summary>Results (JSON)</summary>", "", "```json"]
     lines += [json.dumps(merged, indent=1, sort_keys=True), "```", "", "</details>"]
