@@ -134,7 +134,7 @@ def docs_section(merged: dict[str, Any], cmds: list[str]) -> str:
         "world's train scenarios, one per scenario, on seeds drawn from "
         f"{merged['seed']} (no bench or test trains on them: new people, values and worlds); "
         + (f"*dev*: the {n['dev']} dev tasks (scenarios no train task uses). " if "dev" in n else "")
-        + f"Greedy, {merged['max_turns']} turns, {MAX_NEW_TOKENS} new tokens a turn, as stepagent_curve's dev "
+        + f"greedy, {merged['max_turns']} turns, {MAX_NEW_TOKENS} new tokens a turn, as stepagent_curve's dev "
         "evaluation. Adapters are the saved ones of the runs named (training seconds after the start they say).",
         "",
         "| model | set | TGC | SGC | mean reward | failed calls / episode | give up after failure | turns "
