@@ -82,7 +82,9 @@ def test_readyz_counts_the_workers_consuming_each_queue(broker, processes):
 
 
 def test_a_busy_worker_stays_counted_and_a_killed_one_drops_out(broker, processes, configure_env):
-    configure_env(LEASE_S=4, AGENT_MAX_TURNS=400, AGENT_MAX_NEW_TOKENS=24)  # records: refreshed every 1 s, valid 4 s
+    # records: refreshed every 1 s, valid 4 s; an episode that outlasts them (on an idle machine the tiny model
+    # fills the default 8192-token context in about 6 s)
+    configure_env(LEASE_S=4, AGENT_MAX_TURNS=400, AGENT_MAX_NEW_TOKENS=24, AGENT_MAX_CONTEXT_TOKENS=60000)
     client = TestClient(create_app())
     worker = processes.start("worker", "--queues", "episodes")
     wait_for(lambda: readyz(client)["workers"]["episodes"], 120, "the worker", processes.logs)
