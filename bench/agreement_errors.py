@@ -43,7 +43,7 @@ from agentloop.learner.task_source import TaskSource
 from agentloop.policy.models import resolve_model_dir
 from agentloop.settings import get_settings
 
-from report import emit, machine, write_section
+from report import emit, machine, models_to_measure, write_section
 
 SECTION = "agreement_errors"
 ROWS = 8  # episodes per teacher-forced pass
@@ -208,12 +208,7 @@ def main() -> None:
     ap.add_argument("--json", action="store_true", help="print only the JSON object")
     ap.add_argument("--write-docs", action="store_true", help="update docs/benchmarks.md's agreement_errors section")
     args = ap.parse_args()
-    models: list[tuple[str, Path | None]] = [] if args.no_base else [("base", None)]
-    for spec in args.adapter:
-        label, sep, path = spec.partition("=")
-        if not sep or not (Path(path) / "adapter_config.json").exists():
-            ap.error(f"--adapter takes LABEL=DIR with DIR a saved adapter (adapter_config.json); got {spec!r}")
-        models.append((label, Path(path)))
+    models = models_to_measure(ap, args.adapter, base=not args.no_base)
     if not models:
         ap.error("nothing to measure: --no-base and no --adapter")
     n = 2 if args.quick else args.tasks

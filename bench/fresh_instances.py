@@ -10,7 +10,7 @@ never trained on. The two together say whether a learner fits what it is shown a
 Each model's figures are written to DIR/<label>.json as soon as they are measured, so models can be measured
 in separate sittings (one already measured under the same settings is skipped unless --rerun); --merge reads
 every file in DIR. Limits match bench/stepagent_curve.py's dev evaluation: greedy, 16 turns, 160 new tokens
-a turn. Last line: a JSON object with each model's TGC, SGC and mean reward per set.
+a turn. Last line: a JSON object with each model's TGC per set, the base model's and the best one's on fresh.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from agentloop.apps.builtin import BUILTIN
 from agentloop.apps.registry import fresh_instances
 from agentloop.settings import get_settings
 
-from report import emit, machine, write_section
+from report import emit, machine, models_to_measure, write_section
 
 SECTION = "fresh_instances"
 SEED = 20261204  # the instances' draw: not a seed any bench or test trains with
@@ -194,12 +194,7 @@ def main() -> None:
     ap.add_argument("--merge", action="store_true", help="only merge DIR's files (no model is run)")
     ap.add_argument("--write-docs", action="store_true", help="update docs/benchmarks.md's fresh_instances section")
     args = ap.parse_args()
-    models: list[tuple[str, Path | None]] = [] if args.no_base else [("base", None)]
-    for spec in args.adapter:
-        label, sep, path = spec.partition("=")
-        if not sep or not label or not (Path(path) / "adapter_config.json").exists():
-            ap.error(f"--adapter takes LABEL=DIR with DIR a saved adapter (adapter_config.json); got {spec!r}")
-        models.append((label, Path(path)))
+    models = models_to_measure(ap, args.adapter, base=not args.no_base)
     if args.quick:
         args.n, args.max_turns = 3, 4
     n = args.n or len(BUILTIN.procedural_scenarios())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import platform
 import re
@@ -26,6 +27,18 @@ def write_section(name: str, markdown: str) -> None:
     pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.DOTALL)
     text = pattern.sub(lambda _: block, text) if pattern.search(text) else text.rstrip() + "\n\n" + block + "\n"
     DOCS.write_text(text)
+
+
+def models_to_measure(ap: argparse.ArgumentParser, specs: list[str], base: bool) -> list[tuple[str, Path | None]]:
+    """The base model (unless `base` is False) and each `--adapter LABEL=DIR` (DIR a saved LoRA adapter);
+    a bad spec ends the command with argparse's error."""
+    models: list[tuple[str, Path | None]] = [("base", None)] if base else []
+    for spec in specs:
+        label, sep, path = spec.partition("=")
+        if not sep or not label or not (Path(path) / "adapter_config.json").exists():
+            ap.error(f"--adapter takes LABEL=DIR with DIR a saved adapter (adapter_config.json); got {spec!r}")
+        models.append((label, Path(path)))
+    return models
 
 
 def emit(result: dict[str, Any]) -> None:
