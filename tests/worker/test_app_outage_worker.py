@@ -67,12 +67,13 @@ def test_a_worker_survives_an_app_that_dies_mid_episode_and_at_reset(embedded, t
     worker = processes.start("worker", "--queues", "episodes", "--pool", "solo")
     wait_for(lambda: " ready." in processes.logs(), 120, "the worker", processes.logs)
 
-    # killed during attempt 1's episode: right after its reset
+    # killed during attempt 1's episode: right after its reset was answered. The app logs a reset before
+    # its answer is sent, so the episode row (written once the worker has the answer) is what is waited for.
     resp = client.post("/v1/tasks", json={"task_ref": "todolite:add-two"}, headers=admin)
     assert resp.status_code == 202, resp.text
     task_id = resp.json()["id"]
     deadline = time.monotonic() + 120
-    while not todo.calls()["resets"]:
+    while not episodes_of(task_id):
         assert time.monotonic() < deadline, processes.logs()
         time.sleep(0.01)
     todo.stop()
