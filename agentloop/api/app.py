@@ -1,4 +1,5 @@
-"""The FastAPI application factory: routers, error bodies, body-size limit, request metrics."""
+"""The FastAPI application factory: routers, error bodies, the request guard (body size, text no store can
+hold), request metrics."""
 
 from __future__ import annotations
 
@@ -6,17 +7,20 @@ import json
 import logging
 import time
 from typing import Any
+from urllib.parse import parse_qsl
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agentloop import __version__
-from agentloop.api.errors import ServiceError, TooLarge, Unavailable
+from agentloop.api.errors import InvalidRequest, ServiceError, TooLarge, Unavailable
 from agentloop.api.metrics import HTTP_LATENCY, HTTP_REQUESTS
 from agentloop.api.routes import admin, apps, demonstrations, health, tasks
+from agentloop.api.text_guard import check_text
 from agentloop.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
@@ -30,19 +34,31 @@ def error_response(exc: ServiceError, headers: dict[str, str] | None = None) -> 
     return JSONResponse(exc.body(), status_code=exc.http_status, headers=headers)
 
 
-class BodyLimit:
-    """413 for bodies over the limit, whether or not they declare a Content-Length. The body is read
-    (up to the limit) before the app runs, so an over-long stream is refused before anything happens."""
+class RequestGuard:
+    """Before any route runs: 413 for bodies over the limit, whether or not they declare a Content-Length
+    (the body is read up to the limit first, so an over-long stream is refused before anything happens);
+    422 for a path, query or JSON body holding text no store can hold (text_guard.py)."""
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app, self.max_bytes = app, max_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS", "DELETE"):
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        try:
+            check_text(scope.get("path", ""), "path")
+            query = scope.get("query_string", b"").decode("latin-1")
+            check_text(dict(parse_qsl(query, keep_blank_values=True)), "query")
+        except InvalidRequest as exc:
+            await error_response(exc)(scope, receive, send)
+            return
+        if scope["method"] in ("GET", "HEAD", "OPTIONS", "DELETE"):
             await self.app(scope, receive, send)
             return
         too_large = error_response(TooLarge(f"request body over the {self.max_bytes}-byte limit"))
-        declared = dict(scope.get("headers", [])).get(b"content-length")
+        headers = dict(scope.get("headers", []))
+        declared = headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
             await too_large(scope, receive, send)
             return
@@ -60,6 +76,14 @@ class BodyLimit:
             if not message.get("more_body", False):
                 break
         body, replayed = b"".join(chunks), False
+        if body and b"json" in headers.get(b"content-type", b"").lower():
+            try:
+                check_text(json.loads(body), "body")
+            except InvalidRequest as exc:
+                await error_response(exc)(scope, receive, send)
+                return
+            except (ValueError, RecursionError):
+                pass  # not JSON: the route's own parsing answers 400
 
         async def replay() -> Message:
             nonlocal replayed
@@ -69,6 +93,14 @@ class BodyLimit:
             return await receive()
 
         await self.app(scope, replay, send)
+
+
+METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+
+def allowed_methods(app: FastAPI, scope: Scope) -> list[str]:
+    """The methods some route takes at the request's path (a 405's Allow header)."""
+    return [m for m in METHODS if any(r.matches({**scope, "method": m})[0] == Match.FULL for r in app.router.routes)]
 
 
 def _route_of(request: Request) -> str:
@@ -118,9 +150,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         )
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-        return JSONResponse({"error": {"code": code, "message": str(exc.detail)}}, status_code=exc.status_code)
+        headers = dict(exc.headers or {})
+        message = str(exc.detail)
+        if exc.status_code == 405:  # every method the path takes, not only those of the first route it matched
+            headers["Allow"] = ", ".join(allowed_methods(app, request.scope))
+            message = f"{request.method} is not allowed on {request.url.path}; it takes {headers['Allow']}"
+        body = {"error": {"code": code, "message": message}}
+        return JSONResponse(body, status_code=exc.status_code, headers=headers or None)
 
     @app.middleware("http")
     async def _metrics(request: Request, call_next: Any) -> Any:
@@ -131,5 +169,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         HTTP_LATENCY.labels(request.method, route).observe(time.perf_counter() - start)
         return response
 
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(RequestGuard, max_bytes=settings.max_body_bytes)
     return app

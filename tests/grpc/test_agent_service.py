@@ -191,6 +191,8 @@ def test_the_same_request_over_rest_and_grpc_shares_the_idempotency_key(api):
         ({"task_ref": "wallet_balance-1", "max_turns": 0}, "max_turns"),
         ({"task_ref": "wallet_balance-1", "temperature": 3.0}, "temperature"),
         ({"task_ref": "wallet_balance-1", "idempotency_key": "k" * 201}, "Idempotency-Key"),
+        ({"instruction": "hi\u0000there", "apps": ["wallet"]}, "request.instruction: contains a NUL character"),
+        ({"task_ref": "wallet_balance-1", "metadata": {"k": "\u0000"}}, "request.metadata.k: contains a NUL"),
     ],
 )
 def test_bad_submissions_are_invalid_argument_and_write_nothing(api, request_fields, needle):

@@ -17,6 +17,7 @@ import grpc
 from agentloop.api import auth
 from agentloop.api.auth import Principal
 from agentloop.api.errors import DeadlineExceeded, ServiceError, Unavailable
+from agentloop.api.text_guard import check_message
 from agentloop.store.db import get_sessionmaker
 
 log = logging.getLogger(__name__)
@@ -87,14 +88,16 @@ Handler = Callable[..., Any]
 
 
 def translates_errors(method: Handler) -> Handler:
-    """Decorates a servicer method, unary or server-streaming: a ServiceError becomes its status
-    code; anything unexpected is logged and becomes INTERNAL (no stack trace goes to the client)."""
+    """Decorates a servicer method, unary or server-streaming: a request holding text no store can hold is
+    INVALID_ARGUMENT before the method runs (text_guard.py); a ServiceError becomes its status code;
+    anything unexpected is logged and becomes INTERNAL (no stack trace goes to the client)."""
     name = method.__name__
     if inspect.isasyncgenfunction(method):
 
         @functools.wraps(method)
         async def streaming(self: Any, request: Any, context: Context) -> AsyncIterator[Any]:
             try:
+                check_message(request)
                 async for response in method(self, request, context):
                     yield response
             except ServiceError as exc:
@@ -109,6 +112,7 @@ def translates_errors(method: Handler) -> Handler:
     @functools.wraps(method)
     async def unary(self: Any, request: Any, context: Context) -> Any:
         try:
+            check_message(request)
             return await method(self, request, context)
         except ServiceError as exc:
             await _abort(context, exc)
