@@ -194,15 +194,24 @@ class ChatFormat:
         text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
         return str(text)
 
+    def neutral(self, text: str) -> str:
+        """`text` with every special token of the template broken up (a space after its first character):
+        the instruction, an app's documents or an observation cannot open or close a turn."""
+        for special in self.specials:
+            text = text.replace(special, special[0] + " " + special[1:])
+        return text
+
     def opening(self, system: str, user: str, example: list[dict[str, str]] | None = None) -> list[int]:
+        """The system prompt, the worked example's turns and the user's instruction, each with its special
+        tokens neutralised (they hold tenants' text: app documents, the instruction)."""
         messages = [{"role": "system", "content": system}, *(example or []), {"role": "user", "content": user}]
+        messages = [{**m, "content": self.neutral(m["content"])} for m in messages]
         return list(self.tokenizer.encode(self._text(messages, True), add_special_tokens=False))
 
     def observation_ids(self, observation: str, stopped: bool) -> list[int]:
         """Tokens appended after a turn: close the assistant turn (unless the model did), the observation
         as a user message, and the next assistant header."""
-        for special in self.specials:  # an observation must not be able to fake a turn boundary
-            observation = observation.replace(special, special[0] + " " + special[1:])
+        observation = self.neutral(observation)  # an observation must not be able to fake a turn boundary
         before = self.obs_before
         if stopped and before.startswith(self.eos_text):
             before = before[len(self.eos_text) :]
