@@ -28,7 +28,23 @@ EXAMPLE_OP = "agentloop_example"  # the app's worked example for the agent's pro
 RELEASE_OP = "agentloop_release"  # optional: the episode is over, the app may free its state
 HIDDEN_OPS = frozenset({TASKS_OP, RESET_OP, EVALUATE_OP, EXAMPLE_OP, RELEASE_OP})
 EPISODE_HEADER = "Agentloop-Episode"
-_EPISODE = EPISODE_HEADER.lower()
+# headers the service or the HTTP client sets on every request: never an argument the agent gives, whatever
+# a document declares (a declared `Host` would let an agent pick the virtual host, `Authorization` another
+# identity); OpenAPI itself says Accept, Content-Type and Authorization header parameters are ignored
+RESERVED_HEADERS = frozenset(
+    {
+        EPISODE_HEADER.lower(),
+        "host",
+        "authorization",
+        "proxy-authorization",
+        "cookie",
+        "accept",
+        "content-type",
+        "content-length",
+        "transfer-encoding",
+        "connection",
+    }
+)
 METHODS = ("get", "post", "put", "patch", "delete")
 NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,63}$")
 RETURNS_SCHEMA_SIZE = 120  # of the response schema's outline in an API's `returns`, in api_doc.text_size's tokens
@@ -191,7 +207,8 @@ def parse_document(
 ) -> list[Operation]:
     """Every operation of an OpenAPI 3 document, checked, with its `$ref`s inlined within `limits` (default:
     the settings'); raises AppRegistrationError (DocumentLimitExceeded over a limit). Header parameters the
-    service sets itself (Agentloop-Episode, the registered auth header) are not arguments the agent gives."""
+    service sets itself (RESERVED_HEADERS: Agentloop-Episode, Host, Authorization, ...; the registered auth
+    header) and cookie parameters are not arguments the agent gives: they are left out."""
     from agentloop.settings import get_settings
 
     limits = limits or DocumentLimits.from_settings(get_settings())
@@ -240,8 +257,10 @@ def parse_document(
                 raw = resolver.deref(entry, where)
                 if not isinstance(raw, dict) or raw.get("in") not in ("path", "query", "header", "cookie"):
                     raise AppRegistrationError(f"{where}: each parameter needs a name and in: path|query|header")
-                if raw["in"] == "cookie" or (raw["in"] == "header" and str(raw.get("name")).lower() == _EPISODE):
-                    continue
+                if raw["in"] == "cookie" or (
+                    raw["in"] == "header" and str(raw.get("name")).lower() in RESERVED_HEADERS
+                ):
+                    continue  # the service's to set (see RESERVED_HEADERS), not the agent's
                 params.append(
                     {
                         "name": str(raw.get("name")),

@@ -21,7 +21,7 @@ import httpx
 
 from agentloop.apps.addresses import IPNetwork, refusal
 from agentloop.apps.base import ApiError
-from agentloop.apps.openapi import EPISODE_HEADER, Operation
+from agentloop.apps.openapi import EPISODE_HEADER, RESERVED_HEADERS, Operation
 from agentloop.apps.openapi_refs import AppRegistrationError
 
 
@@ -54,7 +54,13 @@ class Origin:
             raise AppRegistrationError("base_url must not carry credentials; use auth_header")
         if parts.query or parts.fragment:
             raise AppRegistrationError("base_url must not have a query or a fragment")
-        port = parts.port or (443 if parts.scheme == "https" else 80)
+        try:
+            port = parts.port
+        except ValueError:  # urllib: "Port out of range 0-65535", or not a number
+            port = 0
+        if port == 0:
+            raise AppRegistrationError(f"base_url's port must be a number from 1 to 65535, not in {base_url!r}")
+        port = port or (443 if parts.scheme == "https" else 80)
         return cls(parts.scheme, parts.hostname, port, parts.path.rstrip("/"))
 
     def checked_addresses(self, allowed: Sequence[IPNetwork] = ()) -> list[str]:
@@ -104,15 +110,17 @@ class RemoteClient:
             raise ApiError(403, f"refused to call {self.origin.host}: {exc}") from None
         host_in_url = f"[{address}]" if ":" in address else address
         url = f"{self.origin.scheme}://{host_in_url}:{self.origin.port}{self.origin.base_path}{path}"
-        send_headers = {
-            "Host": self.origin.host if self.origin.port in (80, 443) else f"{self.origin.host}:{self.origin.port}",
-            "Accept": "application/json",
-        }
+        # the operation's header arguments first, then the service's own, which no argument can replace
+        managed = {*RESERVED_HEADERS, *([self.auth_header[0].lower()] if self.auth_header else [])}
+        send_headers = {k: v for k, v in (headers or {}).items() if k.lower() not in managed}
+        send_headers["Host"] = (
+            self.origin.host if self.origin.port in (80, 443) else f"{self.origin.host}:{self.origin.port}"
+        )
+        send_headers["Accept"] = "application/json"
         if self.auth_header:
             send_headers[self.auth_header[0]] = self.auth_header[1]
         if self.episode:
             send_headers[EPISODE_HEADER] = self.episode
-        send_headers.update(headers or {})
         timeout = httpx.Timeout(self.limits.read_s, connect=self.limits.connect_s)
         extensions = {"sni_hostname": self.origin.host} if self.origin.scheme == "https" else {}
         try:
@@ -173,6 +181,19 @@ def _decode(data: bytes, content_type: str) -> Any:
     raise ApiError(502, f"the app answered with {content_type!r}, not JSON or text")
 
 
+def path_segment(name: str, value: Any) -> str:
+    """A path parameter's value as one segment under the app's base path: never `.` or `..` (which climb
+    out of it once a server or proxy resolves them), no `/` or `\\` (more segments), no control character."""
+    text = str(value)
+    if text in ("", ".", "..") or any(c in text for c in "/\\") or any(ord(c) < 32 or ord(c) == 127 for c in text):
+        raise ApiError(
+            400,
+            f"path parameter {name!r} is {text!r}: it must be one path segment, not empty, '.' or '..', without "
+            "'/', '\\' or control characters",
+        )
+    return text
+
+
 def call_operation(client: RemoteClient, op: Operation, args: dict[str, Any]) -> Any:
     path = op.path
     query: dict[str, Any] = {}
@@ -182,7 +203,7 @@ def call_operation(client: RemoteClient, op: Operation, args: dict[str, Any]) ->
             continue
         value = args[p["name"]]
         if p["in"] == "path":
-            path = path.replace("{" + p["name"] + "}", quote(str(value), safe=""))
+            path = path.replace("{" + p["name"] + "}", quote(path_segment(p["name"], value), safe=""))
         elif p["in"] == "query":
             query[p["name"]] = json.dumps(value) if isinstance(value, dict | list) else value
         else:

@@ -103,6 +103,9 @@ def test_register_list_and_docs(api, loopback):
         ("http://127.0.0.1:{port}", "operator", {"allow_private": True}, 422, "replaced by allowed_networks"),
         ("ftp://example.com/", "tenant_a_admin", {}, 422, "http(s) URL"),
         ("http://user:pw@example.com/", "tenant_a_admin", {}, 422, "credentials"),
+        ("http://example.com:99999/", "tenant_a_admin", {}, 422, "port must be a number from 1 to 65535"),
+        ("http://example.com:0/", "tenant_a_admin", {}, 422, "port must be a number from 1 to 65535"),
+        ("http://example.com:http/", "tenant_a_admin", {}, 422, "port must be a number from 1 to 65535"),
     ],
 )
 def test_unsafe_or_bad_registrations_are_refused(api, loopback, base_url, key, extra, status, needle):
