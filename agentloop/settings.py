@@ -176,10 +176,27 @@ class Settings(BaseSettings):
     app_control_backoff_s: float = Field(
         0.5, description="Wait before the second of those tries, doubled before each later one (0.5, 1, 2 s)."
     )
+    app_call_timeout_s: float = Field(
+        10.0,
+        description="Deadline of an agent's call to an external app, the whole of it: connecting, sending and every "
+        "byte of the answer (an app that trickles its answer cannot hold a call longer). Past it the call is a 504 "
+        "error observation.",
+    )
+    app_max_concurrent_calls: int = Field(
+        8,
+        description="Requests to one external app (its origin and base path) in flight at once in one process; one "
+        "more waits for a free slot up to its deadline, then is a 503 error observation. A slow app holds its own "
+        "slots, no one else's.",
+    )
+    app_max_calls_per_episode: int = Field(
+        200,
+        description="Calls an agent may make to one external app in one episode; later ones are 429 error "
+        "observations and are not sent.",
+    )
     app_control_timeout_s: float = Field(
         15.0,
-        description="Read timeout of one agentloop_reset or agentloop_evaluate request (an agent's call gets 10 s): "
-        "setting up a task's state may take longer than an API call.",
+        description="Deadline of one agentloop_reset or agentloop_evaluate request, the whole of it (an agent's call "
+        "gets app_call_timeout_s): setting up a task's state may take longer than an API call.",
     )
     app_release_timeout_s: float = Field(
         2.0, description="Timeout of agentloop_release, sent once when an episode ends (best effort)."
@@ -215,7 +232,11 @@ class Settings(BaseSettings):
             )
         if self.demonstration_max_args_bytes < 1:
             raise ValueError("AGENTLOOP_DEMONSTRATION_MAX_ARGS_BYTES must be at least 1")
-        for name in ("control_timeout_s", "release_timeout_s", "submit_timeout_s"):
+        if self.app_max_concurrent_calls < 1 or self.app_max_calls_per_episode < 1:
+            raise ValueError(
+                "AGENTLOOP_APP_MAX_CONCURRENT_CALLS and AGENTLOOP_APP_MAX_CALLS_PER_EPISODE must be at least 1"
+            )
+        for name in ("call_timeout_s", "control_timeout_s", "release_timeout_s", "submit_timeout_s"):
             if getattr(self, f"app_{name}") <= 0:
                 raise ValueError(f"AGENTLOOP_APP_{name.upper()} must be positive")
         for name in ("operations", "ref_depth", "operation_schema_bytes", "app_schema_bytes"):

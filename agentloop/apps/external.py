@@ -8,10 +8,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from agentloop.apps.addresses import stored_networks
-from agentloop.apps.base import Api, AppSpec, CallContext
+from agentloop.apps.base import Api, ApiError, AppSpec, CallContext
 from agentloop.apps.openapi import EXAMPLE_OP, HIDDEN_OPS, Operation, parse_document
 from agentloop.apps.remote_env import RemoteEnvironment
-from agentloop.apps.remote_http import HttpLimits, Origin, RemoteClient, call_operation
+from agentloop.apps.remote_http import HttpLimits, Origin, RemoteClient, call_operation, configured_limits
 from agentloop.apps.world_prompt import WorkedExample, parse_worked_example
 
 SEPARATOR = ":"  # task refs of external apps are "<app>:<ref>"
@@ -52,7 +52,7 @@ class ExternalApp:
         limits: HttpLimits | None = None,
     ) -> ExternalApp:
         networks = stored_networks(allowed_networks)
-        client = RemoteClient(Origin.parse(base_url), networks, auth_header, limits or HttpLimits())
+        client = RemoteClient(Origin.parse(base_url), networks, auth_header, limits or configured_limits())
         if auth_header:  # the service sends it: not an argument the agent gives
             operations = [op.without_headers((auth_header[0],)) for op in operations]
         return cls(name, description, operations, client)
@@ -80,6 +80,7 @@ def remote_app(name: str, description: str, operations: list[Operation], client:
     """An AppSpec whose handlers call the external app; the agentloop_* operations stay hidden, and
     agentloop_example, when declared, is the app's worked example."""
     spec = AppSpec(name=name, description=description, login=False)
+    calls = Budget(client.limits.max_calls, name)  # one spec per episode (`fork`): the episode's budget
     for op in operations:
         spec.apis[op.operation_id] = Api(
             app=name,
@@ -88,7 +89,7 @@ def remote_app(name: str, description: str, operations: list[Operation], client:
             summary=op.summary,
             parameters=op.arguments_schema(),
             returns=op.returns,
-            handler=_handler(client, op),
+            handler=_handler(client, op, calls),
             hidden=op.operation_id in HIDDEN_OPS,
         )
         if op.operation_id == EXAMPLE_OP:
@@ -96,8 +97,23 @@ def remote_app(name: str, description: str, operations: list[Operation], client:
     return spec
 
 
-def _handler(client: RemoteClient, op: Operation) -> Callable[..., Any]:
+@dataclass
+class Budget:
+    """The calls the agent may make to one app in one episode (setting app_max_calls_per_episode)."""
+
+    allowed: int
+    app: str
+    made: int = 0
+
+    def spend(self) -> None:
+        if self.made >= self.allowed:
+            raise ApiError(429, f"this episode has made its {self.allowed} calls to app {self.app!r}: no more are sent")
+        self.made += 1
+
+
+def _handler(client: RemoteClient, op: Operation, calls: Budget) -> Callable[..., Any]:
     def handle(_ctx: CallContext, **args: Any) -> Any:
+        calls.spend()
         return call_operation(client, op, args)
 
     return handle

@@ -39,7 +39,7 @@ class ControlLimits:
 
     attempts: int = 4  # tries of an outage; a 4xx answer is never tried again
     backoff_s: float = 0.5  # before the second try, doubled before each later one
-    timeout_s: float = 15.0  # read timeout of each try (an agent's call gets HttpLimits.read_s, 10 s)
+    timeout_s: float = 15.0  # deadline of each try (an agent's call gets HttpLimits.total_s, 10 s)
     release_timeout_s: float = 2.0  # release is best effort: sent once, never waited on for long
 
     @classmethod
@@ -127,7 +127,7 @@ class RemoteEnvironment:
 
     def _client(self, timeout_s: float) -> RemoteClient:
         """The episode's client (same origin, header and checks) with `timeout_s` to connect and to answer."""
-        limits = replace(self.client.limits, connect_s=min(self.client.limits.connect_s, timeout_s), read_s=timeout_s)
+        limits = replace(self.client.limits, connect_s=min(self.client.limits.connect_s, timeout_s), total_s=timeout_s)
         return replace(self.client, limits=limits)
 
     def _control(

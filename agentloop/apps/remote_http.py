@@ -3,18 +3,25 @@
 Calls go only to the registered origin; every resolved address is checked (`addresses.py`: only global
 addresses, and the private networks an operator named for the app) and the connection is made to the
 checked address itself, so a DNS answer cannot change between the check and the request.
-Redirects are not followed; timeouts and a response-size cap apply. Any failure becomes an
-`ApiError`, which the episode turns into an observation; an outage (the app unreachable, too slow, or
-answering 5xx) is an `AppUnreachable`, so that reset and evaluation can retry it.
+Redirects are not followed and a response-size cap applies. Each request has one deadline for the whole
+of it (connecting, sending, every byte of the answer: an app that trickles its answer cannot hold a call
+longer) and runs in a thread of its own, so the caller gets its answer or a 504 at the deadline whatever
+the socket is doing; at most `max_concurrent` requests to one app are in flight per process, so a slow app
+holds its own slots and no one else's. Any failure becomes an `ApiError`, which the episode turns into an
+observation; an outage (the app unreachable, too slow, or answering 5xx) is an `AppUnreachable`, so that
+reset and evaluation can retry it.
 """
 
 from __future__ import annotations
 
 import json
+import queue
 import socket
+import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlsplit
 
 import httpx
@@ -23,6 +30,9 @@ from agentloop.apps.addresses import IPNetwork, refusal
 from agentloop.apps.base import ApiError
 from agentloop.apps.openapi import EPISODE_HEADER, RESERVED_HEADERS, Operation
 from agentloop.apps.openapi_refs import AppRegistrationError
+
+if TYPE_CHECKING:
+    from agentloop.settings import Settings
 
 
 class AppUnreachable(ApiError):
@@ -80,8 +90,35 @@ class Origin:
 @dataclass
 class HttpLimits:
     connect_s: float = 3.0  # httpx's default is 5 s for every phase; an agent turn should not wait that long
-    read_s: float = 10.0
+    total_s: float = 10.0  # the whole request: connecting, sending, every byte of the answer
     max_bytes: int = 1_000_000
+    max_concurrent: int = 8  # requests to one app (origin and base path) in flight at once in this process
+    max_calls: int = 200  # an agent's calls to one app in one episode
+
+    @classmethod
+    def from_settings(cls, s: Settings) -> HttpLimits:
+        return cls(
+            total_s=s.app_call_timeout_s,
+            max_concurrent=s.app_max_concurrent_calls,
+            max_calls=s.app_max_calls_per_episode,
+        )
+
+
+def configured_limits() -> HttpLimits:
+    from agentloop.settings import get_settings
+
+    return HttpLimits.from_settings(get_settings())
+
+
+_SLOTS: dict[tuple[str, str, int, str, int], threading.BoundedSemaphore] = {}
+_SLOTS_LOCK = threading.Lock()
+
+
+def _slots(origin: Origin, size: int) -> threading.BoundedSemaphore:
+    """The process's request slots for one app (its origin and base path), `size` of them."""
+    key = (origin.scheme, origin.host, origin.port, origin.base_path, size)
+    with _SLOTS_LOCK:
+        return _SLOTS.setdefault(key, threading.BoundedSemaphore(size))
 
 
 @dataclass
@@ -91,7 +128,7 @@ class RemoteClient:
     origin: Origin
     allowed: tuple[IPNetwork, ...]  # private networks it may call besides global addresses
     auth_header: tuple[str, str] | None = None
-    limits: HttpLimits = field(default_factory=HttpLimits)
+    limits: HttpLimits = field(default_factory=configured_limits)
     episode: str | None = None  # sent as Agentloop-Episode on every request once set
     transport: httpx.BaseTransport | None = None
 
@@ -121,39 +158,67 @@ class RemoteClient:
             send_headers[self.auth_header[0]] = self.auth_header[1]
         if self.episode:
             send_headers[EPISODE_HEADER] = self.episode
-        timeout = httpx.Timeout(self.limits.read_s, connect=self.limits.connect_s)
+        limits = self.limits
+        deadline = time.monotonic() + limits.total_s
+        slots = _slots(self.origin, limits.max_concurrent)
+        if not slots.acquire(timeout=limits.total_s):
+            raise AppUnreachable(
+                503,
+                f"the app already has {limits.max_concurrent} requests in flight from this worker and none ended "
+                f"within {limits.total_s:g} s",
+            )
+        timeout = httpx.Timeout(limits.total_s, connect=min(limits.connect_s, limits.total_s))
+        client = httpx.Client(timeout=timeout, follow_redirects=False, transport=self.transport)
         extensions = {"sni_hostname": self.origin.host} if self.origin.scheme == "https" else {}
+        done: queue.Queue[tuple[int, str, bytes] | BaseException] = queue.Queue(maxsize=1)
+
+        def exchange() -> None:  # in a thread of its own: the caller waits for it until the deadline only
+            outcome: tuple[int, str, bytes] | BaseException = RuntimeError("the request ended without an answer")
+            try:
+                with (
+                    client,
+                    client.stream(
+                        method.upper(), url, params=query, headers=send_headers, json=body, extensions=extensions
+                    ) as resp,
+                ):
+                    if 300 <= resp.status_code < 400:
+                        raise ApiError(
+                            502,
+                            f"the app answered with a redirect ({resp.status_code} to "
+                            f"{resp.headers.get('location', '?')}); redirects are not followed",
+                        )
+                    data = bytearray()
+                    for chunk in resp.iter_bytes():
+                        data.extend(chunk)
+                        if len(data) > limits.max_bytes:
+                            raise ApiError(502, f"the app's response is larger than {limits.max_bytes} bytes")
+                        if time.monotonic() > deadline:
+                            raise httpx.ReadTimeout("past the call's deadline")
+                    outcome = (resp.status_code, resp.headers.get("content-type", ""), bytes(data))
+            except BaseException as exc:  # handed to the caller, who raises it
+                outcome = exc
+            finally:
+                slots.release()  # when the exchange ends, not when the caller stops waiting: the slot bounds threads
+                done.put(outcome)
+
+        threading.Thread(target=exchange, name=f"app-call {self.origin.host}", daemon=True).start()
         try:
-            with (
-                httpx.Client(timeout=timeout, follow_redirects=False, transport=self.transport) as client,
-                client.stream(
-                    method.upper(),
-                    url,
-                    params=query,
-                    headers=send_headers,
-                    json=body if body is not None else None,
-                    extensions=extensions,
-                ) as resp,
-            ):
-                if 300 <= resp.status_code < 400:
-                    raise ApiError(
-                        502,
-                        f"the app answered with a redirect ({resp.status_code} to "
-                        f"{resp.headers.get('location', '?')}); redirects are not followed",
-                    )
-                data = bytearray()
-                for chunk in resp.iter_bytes():
-                    data.extend(chunk)
-                    if len(data) > self.limits.max_bytes:
-                        raise ApiError(502, f"the app's response is larger than {self.limits.max_bytes} bytes")
-                status, content_type = resp.status_code, resp.headers.get("content-type", "")
-        except httpx.TimeoutException:
-            raise AppUnreachable(504, f"the app did not answer within {self.limits.read_s:g} s") from None
-        except httpx.HTTPError as exc:
+            outcome = done.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            client.close()  # its connection closes: the exchange ends at its next read, within total_s
+            raise AppUnreachable(504, f"the app did not answer within {limits.total_s:g} s") from None
+        if isinstance(outcome, httpx.TimeoutException):
+            raise AppUnreachable(504, f"the app did not answer within {limits.total_s:g} s") from None
+        if isinstance(outcome, httpx.HTTPError):
             where = f"{self.origin.host}:{self.origin.port}"
-            raise AppUnreachable(502, f"could not reach the app at {where} ({type(exc).__name__}: {exc})") from None
+            raise AppUnreachable(
+                502, f"could not reach the app at {where} ({type(outcome).__name__}: {outcome})"
+            ) from None
+        if isinstance(outcome, BaseException):
+            raise outcome
+        status, content_type, data = outcome
         try:
-            value = _decode(bytes(data), content_type)
+            value = _decode(data, content_type)
         except ApiError:
             if status < 500:
                 raise

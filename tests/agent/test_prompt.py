@@ -208,7 +208,7 @@ def test_a_failing_worked_example_falls_back_to_the_neutral_one(loopback, fmt, t
     base_url, doc, _ = loopback
     broken = copy.deepcopy(doc)  # agentloop_example declared on an endpoint that serves no example
     broken["paths"][path] = {"get": broken["paths"].pop("/agentloop/example")["get"]}
-    world, instruction = external_world(todolite(base_url, broken, read_s=0.5))
+    world, instruction = external_world(todolite(base_url, broken, total_s=0.5))
     with caplog.at_level(logging.WARNING, logger="agentloop.agent.prompt"):
         text = prompt_text(tokenizer, world, instruction, fmt)
     assert f"Task: {NEUTRAL_INSTRUCTION}" in text and EXAMPLE["instruction"] not in text

@@ -168,7 +168,7 @@ def test_misbehaving_app_yields_error_observations_not_a_crash(loopback, tokeniz
         base_url,
         allowed_networks=LOOPBACK_NETWORKS,
         auth_header=("X-Api-Key", API_KEY),
-        limits=HttpLimits(connect_s=2, read_s=1.0, max_bytes=1_000_000),
+        limits=HttpLimits(connect_s=2, total_s=1.0, max_bytes=1_000_000),
     )
     ep = episode_over(
         app,
