@@ -94,7 +94,8 @@ def serve(
     port: int = typer.Option(None, help="REST port (default AGENTLOOP_PORT)."),
     grpc_port: int = typer.Option(None, help="gRPC port (default AGENTLOOP_GRPC_PORT); 0 or negative: REST only."),
 ) -> None:
-    """Run the API: REST and gRPC. With the embedded broker it also starts a worker (with beat) as a child process."""
+    """Run the API: REST and gRPC. With the embedded broker it also starts the workers (episodes; sweeps and
+    beat) as child processes, which stop with it."""
     import asyncio
 
     from agentloop.api.serving import serve as serve_api
@@ -133,22 +134,25 @@ def grpc_command(
 
 
 class EmbeddedWorker:
-    """The worker (with beat) that `serve` runs as a child process with the embedded broker. If it exits,
-    it is started again (after 1 s, doubling up to 30 s while it keeps dying young): queued tasks wait in
-    the broker meanwhile, and the lease sweeper re-dispatches the ones it was running."""
+    """A worker (or the beat) that `serve` runs as a child process with the embedded broker. If it exits, it
+    is started again (after 1 s, doubling up to 30 s while it keeps dying young): queued tasks wait in the broker
+    meanwhile, and the lease sweeper re-dispatches the ones it was running. The child dies with `serve`
+    (worker/lifeline.py), even when `serve` is killed."""
 
-    CMD = ("-m", "agentloop.cli", "worker", "--pool", "threads", "--concurrency", "2", "--beat")
-
-    def __init__(self) -> None:
+    def __init__(self, name: str, *args: str) -> None:
+        self.name, self.args = name, args
         self.stopping = threading.Event()
         self.lock = threading.Lock()  # stop() and a restart never cross: no worker is left behind
         self.proc = self._spawn()
-        threading.Thread(target=self._watch, name="embedded-worker", daemon=True).start()
+        threading.Thread(target=self._watch, name=f"embedded-{name}", daemon=True).start()
         atexit.register(self.stop)
 
     def _spawn(self) -> subprocess.Popen[bytes]:
-        proc = subprocess.Popen([sys.executable, *self.CMD], env=os.environ.copy())
-        log.info("embedded worker started (pid %d)", proc.pid)
+        from agentloop.worker.lifeline import PARENT_ENV
+
+        env = {**os.environ, PARENT_ENV: str(os.getpid())}
+        proc = subprocess.Popen([sys.executable, "-m", "agentloop.cli", *self.args], env=env)
+        log.info("embedded %s started (pid %d)", self.name, proc.pid)
         return proc
 
     def _watch(self) -> None:
@@ -160,7 +164,9 @@ class EmbeddedWorker:
                 return
             if time.monotonic() - started > 60:
                 delay = 1.0
-            log.error("embedded worker (pid %d) exited with code %s; restarting in %.0f s", self.proc.pid, code, delay)
+            log.error(
+                "embedded %s (pid %d) exited with code %s; restarting in %.0f s", self.name, self.proc.pid, code, delay
+            )
             if self.stopping.wait(delay):
                 return
             with self.lock:
@@ -181,12 +187,23 @@ class EmbeddedWorker:
                 proc.kill()
 
 
-def _start_embedded_worker(settings: Settings) -> EmbeddedWorker:
+# The episode worker runs tasks on two threads; the lease sweeps and training triggers run in a light worker
+# of their own (no model), so that busy episode threads never delay a sweep; the beat that schedules them is
+# a process of its own (see `worker --beat`).
+EPISODE_WORKER = ("worker", "--queues", "episodes,rollouts,learner", "--pool", "threads", "--concurrency", "2")
+MAINTENANCE_WORKER = ("worker", "--queues", "maintenance", "--pool", "solo")
+
+
+def _start_embedded_worker(settings: Settings) -> list[EmbeddedWorker]:
     from agentloop.worker.celery_app import app as celery_app
     from agentloop.worker.celery_app import declare_queues
 
-    declare_queues(celery_app)  # before this process publishes and the worker consumes
-    return EmbeddedWorker()
+    declare_queues(celery_app)  # before this process publishes and the workers consume
+    return [
+        EmbeddedWorker("worker", *EPISODE_WORKER),
+        EmbeddedWorker("maintenance worker", *MAINTENANCE_WORKER),
+        EmbeddedWorker("beat", "beat"),
+    ]
 
 
 @app.command()
@@ -199,6 +216,16 @@ def worker(
     """Run a Celery worker. One that runs episodes (queues episodes or rollouts) loads the policy model
     before it consumes, and logs when it is ready."""
     settings = _setup()
+    if beat and settings.broker_is_embedded:
+        raise typer.BadParameter(
+            "with the embedded broker, run the beat as a process of its own (`agentloop beat`; `agentloop "
+            "serve` starts one): a beat inside a worker sends its first task and then finds its broker "
+            "channel closed",
+            param_hint="--beat",
+        )
+    from agentloop.worker.lifeline import die_with_parent_if_asked
+
+    die_with_parent_if_asked()  # a worker that `serve` started stops when `serve` does, killed or not
     _migrate_if_embedded(settings)
     from agentloop.worker.celery_app import app as celery_app
     from agentloop.worker.celery_app import declare_queues
@@ -228,8 +255,12 @@ def worker(
 
 @app.command()
 def beat() -> None:
-    """Run the Celery beat scheduler (lease sweeps and, later, training triggers)."""
+    """Run the Celery beat scheduler (lease sweeps, training triggers). One per deployment: a second one on the
+    same home waits until the first stops."""
     settings = _setup()
+    from agentloop.worker.lifeline import die_with_parent_if_asked
+
+    die_with_parent_if_asked()  # the beat `serve` started stops when `serve` does, killed or not
     from agentloop.worker.celery_app import app as celery_app
 
     celery_app.start(

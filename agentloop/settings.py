@@ -63,7 +63,8 @@ class Settings(BaseSettings):
     )
     embedded_worker: bool | None = Field(
         None,
-        description="Start a worker and beat inside `agentloop serve`. Default: on for the embedded broker.",
+        description="Start the workers (episodes; lease sweeps with the beat) as children of `agentloop serve`, "
+        "which stop with it. Default: on for the embedded broker.",
     )
     events_poll_interval_s: float = Field(0.02, description="Poll period for step streams when no Redis is configured.")
 

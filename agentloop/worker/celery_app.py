@@ -106,6 +106,23 @@ def _announce_worker(sender: Any, **_: Any) -> None:
     presence.announce(sorted(q.name for q in sender.task_consumer.queues), get_settings())
 
 
+@signals.beat_init.connect
+def _one_beat(**_: Any) -> None:
+    """One beat per home at a time (a second waits for the first to stop)."""
+    from agentloop.worker.lifeline import hold_beat_lock
+
+    hold_beat_lock(get_settings().home.resolve())
+
+
+@signals.beat_embedded_init.connect
+def _beat_dies_with_its_worker(**_: Any) -> None:
+    """The beat a worker runs (`--beat`) is its child: it stops when the worker does, killed or not, so a
+    restarted worker never adds a second one."""
+    from agentloop.worker.lifeline import die_with_parent
+
+    die_with_parent()
+
+
 @signals.worker_shutdown.connect
 def _withdraw_worker(**_: Any) -> None:
     presence.withdraw()
