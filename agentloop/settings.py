@@ -63,7 +63,7 @@ class Settings(BaseSettings):
     )
     embedded_worker: bool | None = Field(
         None,
-        description="Start the workers (episodes; lease sweeps with the beat) as children of `agentloop serve`, "
+        description="Start the workers (episodes; lease sweeps) and the beat as children of `agentloop serve`, "
         "which stop with it. Default: on for the embedded broker.",
     )
     events_poll_interval_s: float = Field(0.02, description="Poll period for step streams when no Redis is configured.")
