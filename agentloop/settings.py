@@ -177,6 +177,24 @@ class Settings(BaseSettings):
     app_control_backoff_s: float = Field(
         0.5, description="Wait before the second of those tries, doubled before each later one (0.5, 1, 2 s)."
     )
+    # --- request rates and quotas (api/rate_limits.py) -----------------------------------------------
+    rate_limit_per_key: str = Field(
+        "1200/minute",
+        description="Requests one API key may make (REST and gRPC), in the `limits` notation (`N/second|minute|"
+        "hour|day`, several with `;`); over it, 429 / RESOURCE_EXHAUSTED with Retry-After. Empty: no limit.",
+    )
+    rate_limit_per_tenant: str = Field(
+        "6000/minute", description="Requests all of one tenant's keys may make together, likewise. Empty: no limit."
+    )
+    max_active_tasks_per_tenant: int = Field(
+        200,
+        description="Tasks one tenant may have queued or running at once; one more is 429 (`quota_exceeded`, "
+        "Retry-After) until one ends.",
+    )
+    max_apps_per_tenant: int = Field(
+        50,
+        description="External apps one tenant may register; one more is 429 (`quota_exceeded`) until one is deleted.",
+    )
     app_call_timeout_s: float = Field(
         10.0,
         description="Deadline of an agent's call to an external app, the whole of it: connecting, sending and every "
@@ -233,6 +251,22 @@ class Settings(BaseSettings):
             )
         if self.demonstration_max_args_bytes < 1:
             raise ValueError("AGENTLOOP_DEMONSTRATION_MAX_ARGS_BYTES must be at least 1")
+        for name in ("rate_limit_per_key", "rate_limit_per_tenant"):
+            value = getattr(self, name)
+            if value:
+                try:
+                    from limits import parse_many
+
+                    parse_many(value)
+                except ValueError:
+                    raise ValueError(
+                        f"AGENTLOOP_{name.upper()} must look like '600/minute' (N per second, minute, hour or day; "
+                        f"several separated by ';'), not {value!r}"
+                    ) from None
+        if self.max_active_tasks_per_tenant < 1 or self.max_apps_per_tenant < 1:
+            raise ValueError(
+                "AGENTLOOP_MAX_ACTIVE_TASKS_PER_TENANT and AGENTLOOP_MAX_APPS_PER_TENANT must be at least 1"
+            )
         if self.app_max_concurrent_calls < 1 or self.app_max_calls_per_episode < 1:
             raise ValueError(
                 "AGENTLOOP_APP_MAX_CONCURRENT_CALLS and AGENTLOOP_APP_MAX_CALLS_PER_EPISODE must be at least 1"

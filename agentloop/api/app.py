@@ -17,7 +17,7 @@ from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agentloop import __version__
-from agentloop.api.errors import InvalidRequest, ServiceError, TooLarge, Unavailable
+from agentloop.api.errors import InvalidRequest, ServiceError, TooLarge
 from agentloop.api.metrics import HTTP_LATENCY, HTTP_REQUESTS
 from agentloop.api.routes import admin, apps, demonstrations, health, tasks
 from agentloop.api.text_guard import check_text
@@ -120,7 +120,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.exception_handler(ServiceError)
     async def _service_error(_: Request, exc: ServiceError) -> JSONResponse:
         headers = {"WWW-Authenticate": "Bearer"} if exc.http_status == 401 else {}
-        if isinstance(exc, Unavailable) and exc.retry_after_s is not None:
+        if exc.retry_after_s is not None:
             headers["Retry-After"] = str(exc.retry_after_s)
         return error_response(exc, headers or None)
 

@@ -9,6 +9,7 @@ from fastapi import Depends, Header
 from sqlalchemy.orm import Session
 
 from agentloop.api.auth import Principal, authenticate
+from agentloop.api.rate_limits import admit
 from agentloop.store.db import get_sessionmaker
 
 
@@ -28,7 +29,7 @@ def get_principal(
     session: SessionDep,
     authorization: Annotated[str | None, Header(description="`Bearer <API key>`")] = None,
 ) -> Principal:
-    return authenticate(session, authorization)
+    return admit(authenticate(session, authorization))  # its key's and tenant's request rates (rate_limits.py)
 
 
 def get_admin(principal: Annotated[Principal, Depends(get_principal)]) -> Principal:

@@ -12,6 +12,7 @@ class ServiceError(Exception):
     http_status = 400
     grpc_status = "INVALID_ARGUMENT"
     code = "bad_request"
+    retry_after_s: int | None = None  # when set: Retry-After (REST), retry-after metadata (gRPC)
 
     def __init__(self, message: str, details: Any = None) -> None:
         super().__init__(message)
@@ -74,6 +75,21 @@ class TooLarge(ServiceError):
     http_status = 413
     grpc_status = "RESOURCE_EXHAUSTED"
     code = "payload_too_large"
+
+
+class RateLimited(ServiceError):
+    http_status = 429
+    grpc_status = "RESOURCE_EXHAUSTED"
+    code = "rate_limited"
+
+    def __init__(self, message: str, retry_after_s: int | None = None, details: Any = None) -> None:
+        super().__init__(message, details)
+        self.retry_after_s = retry_after_s  # sent as Retry-After (REST) or retry-after metadata (gRPC)
+
+
+class QuotaExceeded(RateLimited):
+    # what a tenant holds at once (tasks queued or running, registered apps) is at its quota
+    code = "quota_exceeded"
 
 
 class Unavailable(ServiceError):

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, Protocol, TypeVar, cast
 
+import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -22,6 +23,7 @@ from agentloop.api.errors import (
     InvalidRequest,
     NotFound,
     PermissionDenied,
+    QuotaExceeded,
     Unavailable,
 )
 from agentloop.api.schemas import (
@@ -171,6 +173,7 @@ def create_task(
         if existing is not None:
             return _replay(existing, digest), False
     instruction, apps = resolve_task(session, principal, body, secret_key)
+    _check_active_quota(session, principal)
     task = Task(
         tenant_id=principal.tenant_id,
         world=body.world,
@@ -201,6 +204,23 @@ def create_task(
             raise
         return _replay(existing, digest), False
     return task, True
+
+
+def _check_active_quota(session: Session, principal: Principal) -> None:
+    """QuotaExceeded when the tenant has `max_active_tasks_per_tenant` tasks queued or running (checked at
+    submission: requests at the same instant may pass it by a few)."""
+    quota = get_settings().max_active_tasks_per_tenant
+    active = session.scalar(
+        sa.select(sa.func.count())
+        .select_from(Task)
+        .where(Task.tenant_id == principal.tenant_id, Task.status.in_([TaskStatus.QUEUED, TaskStatus.RUNNING]))
+    )
+    if (active or 0) >= quota:
+        raise QuotaExceeded(
+            f"tenant {principal.tenant!r} has {active} tasks queued or running, its quota "
+            f"(AGENTLOOP_MAX_ACTIVE_TASKS_PER_TENANT = {quota}); submit again when one ends",
+            retry_after_s=5,
+        )
 
 
 def _replay(existing: Task, digest: str) -> Task:
@@ -351,6 +371,13 @@ def register_app(session: Session, principal: Principal, body: AppCreate, secret
         raise InvalidRequest("the document declares no operations (get, post, put, patch or delete)")
     if app_store.get_app(session, principal.tenant_id, body.name) is not None:
         raise Conflict(f"an app named {body.name!r} is already registered; delete it first to replace it")
+    quota = get_settings().max_apps_per_tenant
+    held = session.scalar(sa.select(sa.func.count()).select_from(App).where(App.tenant_id == principal.tenant_id))
+    if (held or 0) >= quota:
+        raise QuotaExceeded(
+            f"tenant {principal.tenant!r} has registered {held} apps, its quota (AGENTLOOP_MAX_APPS_PER_TENANT = "
+            f"{quota}); delete one to register another"
+        )
     header = encrypt(f"{body.auth_header.name}:{body.auth_header.value}", secret_key) if body.auth_header else None
     row = App(
         tenant_id=principal.tenant_id,

@@ -16,7 +16,8 @@ import grpc
 
 from agentloop.api import auth
 from agentloop.api.auth import Principal
-from agentloop.api.errors import DeadlineExceeded, ServiceError, Unavailable
+from agentloop.api.errors import DeadlineExceeded, ServiceError
+from agentloop.api.rate_limits import admit
 from agentloop.api.text_guard import check_message
 from agentloop.store.db import get_sessionmaker
 
@@ -52,7 +53,7 @@ async def blocking(context: Context, fn: Callable[P, R], *args: P.args, **kwargs
 
 def _authenticate(authorization: str | None) -> Principal:
     with get_sessionmaker()() as session:
-        return auth.authenticate(session, authorization)
+        return admit(auth.authenticate(session, authorization))  # the request rates, as REST (rate_limits.py)
 
 
 async def principal(context: Context) -> Principal:
@@ -68,7 +69,7 @@ async def admin(context: Context) -> Principal:
 
 async def _abort(context: Context, exc: ServiceError) -> NoReturn:
     metadata: tuple[tuple[str, str], ...] = ((ERROR_CODE, exc.code),)
-    if isinstance(exc, Unavailable) and exc.retry_after_s is not None:
+    if exc.retry_after_s is not None:
         metadata += (("retry-after", str(exc.retry_after_s)),)
     await context.abort(grpc.StatusCode[exc.grpc_status], exc.message, trailing_metadata=metadata)
     raise AssertionError("unreachable: abort raises")
