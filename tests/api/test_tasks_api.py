@@ -259,3 +259,23 @@ def test_unknown_route_is_a_json_404(env):
     client, _ = env
     resp = client.get("/v1/nothing")
     assert resp.status_code == 404 and resp.json()["error"]["code"] == "not_found"
+
+
+def test_twenty_parallel_posts_with_one_idempotency_key_make_one_task(db_url):
+    """Served by uvicorn, posted from 20 threads at once, on SQLite and PostgreSQL."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+
+    from tests.apps.loopback_app import serve_app
+
+    with get_sessionmaker()() as s:
+        keys = make_keys(s)
+    headers = {**bearer(keys.tenant_a_client), "Idempotency-Key": "once"}
+    with serve_app(create_app()) as base, ThreadPoolExecutor(20) as pool:
+        answers = list(
+            pool.map(lambda _: httpx.post(f"{base}/v1/tasks", json=TASK, headers=headers, timeout=30), range(20))
+        )
+    assert [r.status_code for r in answers] == [202] * 20, [r.text for r in answers if r.status_code != 202]
+    assert len({r.json()["id"] for r in answers}) == 1
+    assert count_rows() == 1
