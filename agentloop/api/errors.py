@@ -106,3 +106,12 @@ class DeadlineExceeded(ServiceError):
     http_status = 504
     grpc_status = "DEADLINE_EXCEEDED"
     code = "deadline_exceeded"
+
+
+def database_unavailable(exc: BaseException) -> Unavailable:
+    """A database connection that broke mid-request (sqlalchemy's OperationalError): its transaction was
+    rolled back, so nothing of the request was written, and the retry gets a fresh connection."""
+    orig = getattr(exc, "orig", None) or exc
+    text = str(orig).strip()
+    reason = text.splitlines()[0] if text else type(orig).__name__
+    return Unavailable(f"the database is unavailable ({reason}); nothing was written, retry", retry_after_s=1)

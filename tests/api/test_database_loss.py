@@ -1,0 +1,90 @@
+"""The database connection dropped in the middle of a request (PostgreSQL terminates the request's own
+backend as it writes): a clean 503 with Retry-After, REST and gRPC, nothing of the request written, and the
+retry succeeds on a fresh connection."""
+
+import asyncio
+from collections.abc import Iterator
+
+import grpc
+import pytest
+import sqlalchemy as sa
+from fastapi.testclient import TestClient
+
+from agentloop.api.app import create_app
+from agentloop.proto_gen.agentloop.v1 import agent_pb2 as pb
+from agentloop.store.db import get_engine, get_sessionmaker
+from agentloop.store.migrate import upgrade
+from agentloop.store.models import Task
+from tests.factories import bearer, make_keys
+from tests.grpc.conftest import Api, ServerThread, auth
+
+TASK = {"task_ref": "wallet_balance-1"}
+
+
+@pytest.fixture
+def postgres(postgres_url, configure_env):
+    configure_env(DATABASE_URL=postgres_url)
+    upgrade(postgres_url)
+    with get_sessionmaker()() as s:
+        return make_keys(s)
+
+
+@pytest.fixture
+def drop_on_insert(postgres_url) -> Iterator[dict[str, int]]:
+    """The next INSERT INTO tasks kills its own connection's backend first (pg_terminate_backend from another
+    connection): the connection is lost mid-request, as when the server restarts or a proxy drops it."""
+    engine = get_engine()
+    state = {"armed": 1, "killed": 0}
+
+    def kill(conn, cursor, statement, parameters, context, executemany):
+        if state["armed"] and statement.lstrip().upper().startswith("INSERT INTO TASKS"):
+            state["armed"] = 0
+            pid = conn.connection.dbapi_connection.info.backend_pid
+            admin = sa.create_engine(postgres_url, isolation_level="AUTOCOMMIT", poolclass=sa.pool.NullPool)
+            with admin.connect() as other:
+                state["killed"] = int(other.scalar(sa.text("SELECT pg_terminate_backend(:pid)"), {"pid": pid}))
+            admin.dispose()
+
+    sa.event.listen(engine, "before_cursor_execute", kill)
+    yield state
+    sa.event.remove(engine, "before_cursor_execute", kill)
+
+
+def tasks() -> int:
+    with get_sessionmaker()() as s:
+        return s.scalar(sa.select(sa.func.count()).select_from(Task))
+
+
+def test_rest_a_lost_connection_is_a_503_and_the_retry_succeeds(postgres, drop_on_insert):
+    client = TestClient(create_app())
+    headers = bearer(postgres.tenant_a_client)
+    resp = client.post("/v1/tasks", json=TASK, headers=headers)
+    assert drop_on_insert["killed"] == 1
+    assert resp.status_code == 503 and resp.headers["retry-after"] == "1"
+    assert resp.json()["error"]["code"] == "unavailable"
+    assert resp.json()["error"]["message"].startswith("the database is unavailable (")
+    assert resp.json()["error"]["message"].endswith("); nothing was written, retry")
+    assert tasks() == 0
+    assert client.post("/v1/tasks", json=TASK, headers=headers).status_code == 202
+    assert tasks() == 1
+
+
+def test_grpc_a_lost_connection_is_unavailable_and_the_retry_succeeds(postgres, drop_on_insert):
+    server = ServerThread()
+    api = Api(server, postgres)
+    try:
+
+        async def scenario() -> tuple[grpc.aio.AioRpcError, pb.SubmitTaskResponse]:
+            async with api.connect() as c:
+                key = auth(postgres.tenant_a_client)
+                request = pb.SubmitTaskRequest(task_ref="wallet_balance-1")
+                with pytest.raises(grpc.aio.AioRpcError) as info:
+                    await c.agent.SubmitTask(request, metadata=key)
+                return info.value, await c.agent.SubmitTask(request, metadata=key)
+
+        error, retried = asyncio.run(scenario())
+    finally:
+        server.close()
+    assert error.code() == grpc.StatusCode.UNAVAILABLE and "the database is unavailable (" in error.details()
+    assert dict(error.trailing_metadata())["retry-after"] == "1"
+    assert retried.task.id and tasks() == 1
