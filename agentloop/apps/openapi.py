@@ -302,4 +302,22 @@ def parse_document(
             )
     for parsed in ops:
         parsed.arguments_schema()  # raise now for clashes, not on first call
+    check_specification(doc)  # after the bounded resolver: its limits hold before the validator follows a $ref
     return [parsed.without_headers(managed_headers) for parsed in ops] if managed_headers else ops
+
+
+def check_specification(doc: dict[str, Any]) -> None:
+    """AppRegistrationError naming the first way `doc` breaks the OpenAPI specification of its version (3.0 or
+    3.1): the document checked against the specification's own JSON Schema, as openapi-spec-validator ships
+    it, so what this module does not use is checked too (responses, info, ...) and a document that registers
+    here is one other tools read alike. `$ref`s are not followed there (a recursive schema would never end):
+    what they point to is checked by `parse_document`, within its limits."""
+    from jsonschema.exceptions import best_match
+    from openapi_spec_validator.schemas import openapi_v30_schema_validator, openapi_v31_schema_validator
+
+    version = str(doc.get("openapi", ""))
+    validator = openapi_v30_schema_validator if version.startswith("3.0") else openapi_v31_schema_validator
+    error = best_match(validator.iter_errors(doc))
+    if error is not None:
+        where = "/".join(str(p) for p in error.absolute_path) or "the top level"
+        raise AppRegistrationError(f"not a valid OpenAPI {version} document: {error.message}, at {where}")

@@ -103,3 +103,30 @@ def test_other_values_are_one_escaped_segment(echo, value):
     got = call_operation(client_for(base_url), op, {"item_id": value})
     assert got["path"].startswith("/api/items/") and got["path"].count("/") == 3
     assert len(seen) == 1
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda d: d.update(openapi="3.0.3"), "not a valid OpenAPI 3.0.3 document: 'responses' is a required property"),
+        (
+            lambda d: d.pop("info"),
+            "not a valid OpenAPI 3.1.0 document: 'info' is a required property, at the top level",
+        ),
+        (
+            lambda d: d["paths"]["/items/{item_id}"]["get"].update(responses={"200": {}}),
+            "not a valid OpenAPI 3.1.0 document: 'description' is a required property, at paths/",
+        ),
+    ],
+)
+def test_a_document_that_breaks_its_openapi_version_is_refused(change, message):
+    import copy
+
+    from agentloop.apps.openapi_refs import AppRegistrationError
+
+    doc = copy.deepcopy(DOCUMENT)
+    parse_document(doc)  # valid as it is
+    change(doc)
+    with pytest.raises(AppRegistrationError) as err:
+        parse_document(doc)
+    assert str(err.value).startswith(message), str(err.value)
