@@ -306,6 +306,17 @@ def parse_document(
     return [parsed.without_headers(managed_headers) for parsed in ops] if managed_headers else ops
 
 
+@functools.cache
+def _specification_validator(version: str) -> Any:
+    """A jsonschema validator of the OpenAPI specification's own schema for `version` ("3.0"; else 3.1's), built
+    here from the schema openapi-spec-validator ships (its own validators may run on another backend, whose
+    errors jsonschema's `best_match` cannot rank)."""
+    from openapi_spec_validator.schemas import get_schema_content_v30, get_schema_content_v31
+
+    schema = dict(get_schema_content_v30() if version == "3.0" else get_schema_content_v31())
+    return jsonschema.validators.validator_for(schema)(schema)
+
+
 def check_specification(doc: dict[str, Any]) -> None:
     """AppRegistrationError naming the first way `doc` breaks the OpenAPI specification of its version (3.0 or
     3.1): the document checked against the specification's own JSON Schema, as openapi-spec-validator ships
@@ -313,11 +324,9 @@ def check_specification(doc: dict[str, Any]) -> None:
     here is one other tools read alike. `$ref`s are not followed there (a recursive schema would never end):
     what they point to is checked by `parse_document`, within its limits."""
     from jsonschema.exceptions import best_match
-    from openapi_spec_validator.schemas import openapi_v30_schema_validator, openapi_v31_schema_validator
 
     version = str(doc.get("openapi", ""))
-    validator = openapi_v30_schema_validator if version.startswith("3.0") else openapi_v31_schema_validator
-    error = best_match(validator.iter_errors(doc))
+    error = best_match(_specification_validator(version[:3]).iter_errors(doc))
     if error is not None:
         where = "/".join(str(p) for p in error.absolute_path) or "the top level"
         raise AppRegistrationError(f"not a valid OpenAPI {version} document: {error.message}, at {where}")
