@@ -32,7 +32,12 @@ class Processes:
         return proc
 
     def logs(self) -> str:
+        """The end of each process's log (for failure messages)."""
         return "\n".join(f"--- {p.name}\n{p.read_text()[-4000:]}" for p in sorted(self.log_dir.glob("*.log")))
+
+    def everything(self) -> str:
+        """Every line the processes wrote, to search in (`logs` keeps the end of each file only)."""
+        return "\n".join(p.read_text() for p in sorted(self.log_dir.glob("*.log")))
 
     def stop_all(self) -> None:
         for proc in self.procs:

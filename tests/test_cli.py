@@ -114,9 +114,9 @@ def test_embedded_broker_queues_exist_before_anyone_uses_them(isolated_home, con
 def test_embedded_worker_is_started_again_when_it_dies(processes, isolated_home, tiny_model_dir, configure_env):
     configure_env(MODEL=tiny_model_dir, AGENT_MAX_NEW_TOKENS=16)
     base = start_serve(processes, free_port())
-    (first,) = embedded_worker_pids(processes.logs())
+    (first,) = embedded_worker_pids(processes.everything())
     os.kill(first, signal.SIGKILL)
-    wait_for(lambda: len(embedded_worker_pids(processes.logs())) == 2, 60, "a new worker", processes.logs)
+    wait_for(lambda: len(embedded_worker_pids(processes.everything())) == 2, 60, "a new worker", processes.logs)
     assert "exited with code -9" in processes.logs()
     out = run_one_task(processes, isolated_home, base, timeout=120)
     assert out["task"]["status"] == "finished", out["task"]

@@ -32,11 +32,6 @@ def alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
-def everything(processes: Any) -> str:
-    """Every line the processes wrote (`processes.logs()` keeps the end of each file only)."""
-    return "\n".join(p.read_text() for p in sorted(processes.log_dir.glob("*.log")))
-
-
 def started(logs: str, what: str) -> list[int]:
     return [int(pid) for pid in re.findall(rf"embedded {what} started \(pid (\d+)\)", logs)]
 
@@ -53,8 +48,8 @@ def embedded(isolated_home, tiny_model_dir, configure_env):
 def test_a_killed_serve_takes_its_workers_and_their_beat_with_it(embedded, processes):
     start_serve(processes, free_port())
     serve = processes.procs[0]
-    wait_for(lambda: beats(everything(processes)), 120, "the beat", processes.logs)
-    logs = everything(processes)
+    wait_for(lambda: beats(processes.everything()), 120, "the beat", processes.logs)
+    logs = processes.everything()
     children = [*started(logs, "worker"), *started(logs, "maintenance worker"), *started(logs, "beat")]
     assert len(children) == 3 and all(alive(p) for p in children), logs
     assert beats(logs) == started(logs, "beat")
@@ -64,14 +59,14 @@ def test_a_killed_serve_takes_its_workers_and_their_beat_with_it(embedded, proce
 
 def test_a_killed_beat_is_replaced_by_one(embedded, processes):
     start_serve(processes, free_port())
-    wait_for(lambda: beats(everything(processes)), 120, "the beat", processes.logs)
+    wait_for(lambda: beats(processes.everything()), 120, "the beat", processes.logs)
     for kill in range(1, 4):
-        (beat, *_) = started(everything(processes), "beat")[-1:]
+        (beat, *_) = started(processes.everything(), "beat")[-1:]
         os.kill(beat, signal.SIGKILL)
-        wait_for(lambda k=kill: len(beats(everything(processes))) == k + 1, 120, f"beat {kill + 1}", processes.logs)
-        live = [p for p in beats(everything(processes)) if alive(p)]
+        wait_for(lambda k=kill: len(beats(processes.everything())) == k + 1, 120, f"beat {kill + 1}", processes.logs)
+        live = [p for p in beats(processes.everything()) if alive(p)]
         assert len(live) == 1, (live, processes.logs())
-    assert "another beat runs" not in everything(processes)  # each old beat was gone before the new one started
+    assert "another beat runs" not in processes.everything()  # each old beat was gone before the new one started
 
 
 @pytest.fixture
@@ -142,12 +137,12 @@ def test_lease_sweeps_run_while_every_episode_thread_is_busy(
 def test_a_second_beat_on_a_home_waits_for_the_first(isolated_home, configure_env, processes):
     configure_env(LOG_LEVEL="INFO")
     first = processes.start("beat", name="beat-a")
-    wait_for(lambda: beats(everything(processes)) == [first.pid], 60, "the first beat", processes.logs)
+    wait_for(lambda: beats(processes.everything()) == [first.pid], 60, "the first beat", processes.logs)
     second = processes.start("beat", name="beat-b")
-    wait_for(lambda: "another beat runs" in everything(processes), 60, "the second to wait", processes.logs)
-    assert beats(everything(processes)) == [first.pid] and second.poll() is None
+    wait_for(lambda: "another beat runs" in processes.everything(), 60, "the second to wait", processes.logs)
+    assert beats(processes.everything()) == [first.pid] and second.poll() is None
     os.killpg(first.pid, signal.SIGKILL)
-    wait_for(lambda: beats(everything(processes)) == [first.pid, second.pid], 60, "the second beat", processes.logs)
+    wait_for(lambda: beats(processes.everything()) == [first.pid, second.pid], 60, "the second beat", processes.logs)
 
 
 def test_worker_beat_is_refused_with_the_embedded_broker(isolated_home):
@@ -163,8 +158,8 @@ def test_worker_beat_is_refused_with_the_embedded_broker(isolated_home):
 def test_the_beat_of_a_worker_dies_with_it(production_keys, processes, configure_env):
     configure_env(LOG_LEVEL="INFO")
     worker = processes.start("worker", "--queues", "maintenance", "--beat")
-    wait_for(lambda: beats(everything(processes)), 60, "the beat", processes.logs)
-    (beat,) = beats(everything(processes))
+    wait_for(lambda: beats(processes.everything()), 60, "the beat", processes.logs)
+    (beat,) = beats(processes.everything())
     assert beat != worker.pid and alive(beat)
     os.kill(worker.pid, signal.SIGKILL)
     wait_for(lambda: not alive(beat), 30, "the beat to stop with its worker", processes.logs)
