@@ -200,6 +200,7 @@ def main() -> None:
         )
     if args.write_docs:
         cmd = "python bench/multi_adapter.py" + (" --quick" if args.quick else "")
+        cmd += f" --rounds {args.rounds}" if args.rounds else ""
         n, k = args.episodes, args.adapters
         rows = "\n".join(
             [
