@@ -12,7 +12,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from limits import RateLimitItem, parse_many
+from limits import parse_many
 from limits.storage import storage_from_string
 from limits.strategies import MovingWindowRateLimiter
 
@@ -48,11 +48,7 @@ class Limiter:
             except Exception as exc:  # the store of the windows (Redis) is down: say so, never let all through
                 raise Unavailable(f"the rate limiter's store is unavailable ({type(exc).__name__}: {exc})") from None
             wait = max(1, math.ceil(reset - time.time()))
-            raise RateLimited(f"this {scope}'s rate limit ({_words(item)}) is reached; retry in {wait} s", wait)
-
-
-def _words(item: RateLimitItem) -> str:
-    return str(item)  # e.g. "1200 per 1 minute"
+            raise RateLimited(f"this {scope}'s rate limit ({item}) is reached; retry in {wait} s", wait)
 
 
 _lock = threading.Lock()
