@@ -54,6 +54,8 @@ def _json_objects(text: str) -> list[Any]:
         except json.JSONDecodeError:
             pos = start + 1
             continue
+        except RecursionError:  # nested deeper than the decoder goes: so is every object that starts inside it
+            break
         found.append(obj)
         pos = end
     return found

@@ -18,6 +18,7 @@ from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agentloop import __version__
+from agentloop.api import openapi_doc
 from agentloop.api.errors import InvalidRequest, ServiceError, TooLarge, database_unavailable
 from agentloop.api.metrics import HTTP_LATENCY, HTTP_REQUESTS
 from agentloop.api.routes import admin, apps, demonstrations, health, tasks
@@ -176,4 +177,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return response
 
     app.add_middleware(RequestGuard, max_bytes=settings.max_body_bytes)
+    openapi_doc.install(app)
     return app

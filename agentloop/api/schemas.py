@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
@@ -18,7 +18,18 @@ ClientMetadata = Annotated[dict[str, str], Field(max_length=32, description="You
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # what the document says, and no more: unknown fields and other types (`0` for a boolean, `"3"` for an
+    # integer) are refused rather than coerced
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _whole_numbers(cls, data: Any) -> Any:
+        """JSON Schema's integer: 3.0 is one, which a strict int field would refuse ("3" and 3.5 are not)."""
+        if not isinstance(data, dict):
+            return data
+        ints = {name for name, f in cls.model_fields.items() if f.annotation is int or int in get_args(f.annotation)}
+        return {k: int(v) if k in ints and isinstance(v, float) and v.is_integer() else v for k, v in data.items()}
 
 
 class TaskTarget(Strict):

@@ -238,6 +238,8 @@ def _decode(data: bytes, content_type: str) -> Any:
             return json.loads(data)
         except (json.JSONDecodeError, UnicodeDecodeError):
             raise ApiError(502, "the app's response claims to be JSON but is not") from None
+        except RecursionError:  # arrays or objects nested deeper than the decoder goes
+            raise ApiError(502, "the app's response is JSON nested too deeply to read") from None
     if content_type.startswith("text/") or not content_type:
         try:
             return data.decode("utf-8")

@@ -113,6 +113,10 @@ def build_app(calls: Calls) -> FastAPI:
     def garbage() -> Response:
         return Response(b"{not json at all", media_type="application/json")
 
+    @app.get("/nested", operation_id="nested", summary="JSON nested deeper than any decoder goes.")
+    def nested() -> Response:
+        return Response(b"[" * 100_000 + b"]" * 100_000, media_type="application/json")
+
     @app.get("/huge", operation_id="huge", summary="Far too much output.")
     def huge() -> Response:
         return Response(b"x" * 3_000_000, media_type="text/plain")

@@ -80,11 +80,11 @@ def test_register_list_and_docs(api, loopback):
         "/v1/apps", json=registration(base_url, doc, allowed_networks=LOOPBACK_NETWORKS), headers=bearer(keys.operator)
     )
     assert resp.status_code == 201, resp.text
-    assert resp.json()["resettable"] is True and resp.json()["apis"] == 6
+    assert resp.json()["resettable"] is True and resp.json()["apis"] == 7
     apps = {a["name"]: a for a in client.get("/v1/apps", headers=bearer(keys.tenant_a_client)).json()}
     assert apps["todolite"]["kind"] == "openapi" and "notes" in apps
     docs = client.get("/v1/apps/todolite/apis", headers=bearer(keys.tenant_a_client)).json()
-    assert {d["api"] for d in docs} == {"list_items", "add_item", "slow_report", "moved", "garbage", "huge"}
+    assert {d["api"] for d in docs} == {"list_items", "add_item", "slow_report", "moved", "garbage", "nested", "huge"}
     # another tenant does not see it
     assert "todolite" not in {a["name"] for a in client.get("/v1/apps", headers=bearer(keys.tenant_b_client)).json()}
     with get_sessionmaker()() as s:
@@ -178,6 +178,7 @@ def test_misbehaving_app_yields_error_observations_not_a_crash(loopback, tokeniz
             ToolCall("todolite", "slow_report", {}),
             ToolCall("todolite", "moved", {}),
             ToolCall("todolite", "garbage", {}),
+            ToolCall("todolite", "nested", {}),
             ToolCall("todolite", "huge", {}),
             ToolCall("todolite", "add_item", {}),
             ToolCall("todolite", "list_items", {}),
@@ -188,9 +189,10 @@ def test_misbehaving_app_yields_error_observations_not_a_crash(loopback, tokeniz
     assert "did not answer within 1 s" in obs[1]
     assert "redirect" in obs[2] and "not followed" in obs[2]
     assert "claims to be JSON but is not" in obs[3]
-    assert "larger than 1000000 bytes" in obs[4]
-    assert "422" in obs[5] and "name" in obs[5]  # checked against the schema before any request
-    assert "pears" in obs[6]
+    assert "nested too deeply" in obs[4]
+    assert "larger than 1000000 bytes" in obs[5]
+    assert "422" in obs[6] and "name" in obs[6]  # checked against the schema before any request
+    assert "pears" in obs[7]
     assert ep.finish_reason == "completed"
 
 

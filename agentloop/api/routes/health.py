@@ -109,7 +109,13 @@ def _workers(settings: Settings) -> tuple[dict[str, int] | None, list[str]]:
     return workers, [f"no worker consumes the `episodes` queue; tasks are accepted but stay queued ({why})"]
 
 
-@router.get("/metrics")
+@router.get(
+    "/metrics",
+    response_class=Response,
+    responses={
+        200: {"description": "Prometheus' text format", "content": {"text/plain": {"schema": {"type": "string"}}}}
+    },
+)
 def metrics(_: OperatorPrincipal) -> Response:
     """Prometheus metrics of the whole deployment (operator key: `authorization: {credentials: <key>}` in the
     scrape config)."""
