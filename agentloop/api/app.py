@@ -78,7 +78,9 @@ class RequestGuard:
             if not message.get("more_body", False):
                 break
         body, replayed = b"".join(chunks), False
-        if body and b"json" in headers.get(b"content-type", b"").lower():
+        # JSON text can carry a NUL or a lone surrogate only as a \u escape (raw control characters and
+        # surrogates are not valid JSON or UTF-8): a body without one is not parsed here
+        if b"\\u" in body and b"json" in headers.get(b"content-type", b"").lower():
             try:
                 check_text(json.loads(body), "body")
             except InvalidRequest as exc:
@@ -97,17 +99,45 @@ class RequestGuard:
         await self.app(scope, replay, send)
 
 
+class RequestMetrics:
+    """Requests by method, route and status, and the time until the response starts (a stream's headers),
+    as plain ASGI: no task or queue per request."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start, recorded = time.perf_counter(), False
+
+        def record(status: int) -> None:
+            nonlocal recorded
+            recorded = True
+            route = getattr(scope.get("route"), "path", "unmatched")
+            HTTP_REQUESTS.labels(scope["method"], route, str(status)).inc()
+            HTTP_LATENCY.labels(scope["method"], route).observe(time.perf_counter() - start)
+
+        async def sending(message: Message) -> None:
+            if message["type"] == "http.response.start" and not recorded:
+                record(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        except Exception:
+            if not recorded:
+                record(500)
+            raise
+
+
 METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 
 
 def allowed_methods(app: FastAPI, scope: Scope) -> list[str]:
     """The methods some route takes at the request's path (a 405's Allow header)."""
     return [m for m in METHODS if any(r.matches({**scope, "method": m})[0] == Match.FULL for r in app.router.routes)]
-
-
-def _route_of(request: Request) -> str:
-    route = request.scope.get("route")
-    return getattr(route, "path", "unmatched")
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -167,15 +197,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         body = {"error": {"code": code, "message": message}}
         return JSONResponse(body, status_code=exc.status_code, headers=headers or None)
 
-    @app.middleware("http")
-    async def _metrics(request: Request, call_next: Any) -> Any:
-        start = time.perf_counter()
-        response = await call_next(request)
-        route = _route_of(request)
-        HTTP_REQUESTS.labels(request.method, route, str(response.status_code)).inc()
-        HTTP_LATENCY.labels(request.method, route).observe(time.perf_counter() - start)
-        return response
-
+    app.add_middleware(RequestMetrics)
     app.add_middleware(RequestGuard, max_bytes=settings.max_body_bytes)
     openapi_doc.install(app)
     return app

@@ -17,9 +17,14 @@ def get_policy(settings: Settings | None = None) -> Policy:
     with _lock:
         if _policy is None:
             settings = settings or get_settings()
-            from agentloop.policy.local import LocalPolicy
+            if settings.policy_backend == "replay":
+                from agentloop.policy.replay import ReplayPolicy
 
-            _policy = LocalPolicy.from_settings(settings)
+                _policy = ReplayPolicy.from_settings(settings)
+            else:
+                from agentloop.policy.local import LocalPolicy
+
+                _policy = LocalPolicy.from_settings(settings)
         return _policy
 
 

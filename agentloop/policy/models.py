@@ -61,6 +61,20 @@ def resolve_model_dir(model: str, cache_dir: Path) -> Path:
     )
 
 
+def load_tokenizer(model: str, cache_dir: Path) -> Any:
+    """The model's tokenizer alone: from its converted directory when there is one, else read from the GGUF
+    file (no weights are converted: what a backend that runs no model needs)."""
+    from transformers import AutoTokenizer
+
+    gguf = smollm2_gguf_path() if model == DEFAULT_MODEL else Path(model).expanduser()
+    converted = cache_dir / (DEFAULT_MODEL if model == DEFAULT_MODEL else gguf.stem)
+    if gguf.suffix == ".gguf" and not (converted / "config.json").exists():
+        if not gguf.is_file():
+            raise ModelNotFound(f"AGENTLOOP_MODEL={model!r}: no such .gguf file")
+        return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    return AutoTokenizer.from_pretrained(resolve_model_dir(model, cache_dir))
+
+
 def convert_gguf(gguf: Path, target: Path) -> None:
     """De-quantise a GGUF into a safetensors directory, atomically (a crash leaves no half directory)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -10,11 +10,13 @@ import logging
 from datetime import timedelta
 from typing import Any
 
+import sqlalchemy as sa
+
 from agentloop import events
 from agentloop.settings import Settings
 from agentloop.store import tasks as task_store
 from agentloop.store.db import session_scope
-from agentloop.store.models import TaskStatus, utcnow
+from agentloop.store.models import Task, TaskStatus, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -35,10 +37,8 @@ def publish_episode(task_id: str) -> bool:
     except Exception as exc:
         log.warning("could not publish task %s (the sweeper will retry): %s", task_id, exc)
         return False
-    with session_scope() as s:
-        task = task_store.get_task(s, task_id)
-        if task is not None:
-            task.dispatched_at = utcnow()
+    with session_scope() as s:  # one statement: the request that published it waits for this too
+        s.execute(sa.update(Task).where(Task.id == task_id).values(dispatched_at=utcnow()))
     return True
 
 

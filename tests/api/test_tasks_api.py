@@ -246,7 +246,10 @@ def test_health_ready_and_metrics(env):
     assert client.get("/metrics", headers=bearer(keys.tenant_a_admin)).status_code == 403  # the operator's
     metrics = client.get("/metrics", headers=bearer(keys.operator)).text
     assert 'agentloop_tasks{status="queued"} 1.0' in metrics
-    assert "agentloop_http_requests_total" in metrics
+    # by route template and status, and the time to each response's start
+    assert 'agentloop_http_requests_total{method="POST",route="/v1/tasks",status="202"}' in metrics
+    assert 'agentloop_http_requests_total{method="GET",route="/metrics",status="403"}' in metrics
+    assert 'agentloop_http_request_seconds_count{method="POST",route="/v1/tasks"}' in metrics
 
 
 def test_readyz_reports_an_unmigrated_database(tmp_path, configure_env):
