@@ -445,6 +445,7 @@ def _not_evaluated(
 
 
 def _release(task_id: str, owner: str, note: str) -> None:
+    log.warning("task %s given back to the queue: %s", task_id, note)
     try:
         with session_scope() as s:
             task_store.release_task(s, task_id, owner, note)

@@ -9,7 +9,7 @@ import sqlalchemy as sa
 
 from agentloop.store.db import get_sessionmaker, session_scope
 from agentloop.store.migrate import upgrade
-from agentloop.store.models import Episode, Task
+from agentloop.store.models import Episode, Step, Task
 from agentloop.worker.dispatch import publish_episode
 from tests.processes import ended, task_row, wait_for
 
@@ -91,3 +91,103 @@ def test_killed_worker_task_fails_with_a_reason_when_out_of_attempts(production,
     task = wait_for(lambda: ended(task_id), 60, "the task to be failed", processes.logs)
     assert task.status == "failed"
     assert "worker lost during attempt 1" in task.error and "gave up after 1 attempts" in task.error
+
+
+def step_count() -> int:
+    with get_sessionmaker()() as s:
+        return s.scalar(sa.select(sa.func.count()).select_from(Step)) or 0
+
+
+def running_episodes() -> set[str]:
+    with get_sessionmaker()() as s:
+        return set(s.scalars(sa.select(Episode.id).where(Episode.status == "running")).all())
+
+
+def test_twenty_kills_in_a_row_lose_no_task_and_leave_none_stuck(production, processes, configure_env):
+    """A worker killed mid-episode twenty times in a row, a new one started after each: every task ends
+    (finished), every killed episode is marked abandoned by the sweeper, and every episode's steps are whole."""
+    configure_env(MAX_ATTEMPTS=30, AGENT_MAX_TURNS=60)
+    tasks = [submit() for _ in range(6)]
+    processes.start("beat", name="beat")
+    processes.start("worker", "--queues", "maintenance", name="sweeper")
+    killed: set[str] = set()
+    for kill in range(20):
+        before = step_count()
+        victim = processes.start("worker", "--queues", "episodes", name=f"victim{kill}")
+        wait_for(lambda: step_count() > before, 120, f"victim {kill}'s first step", processes.logs)
+        killed |= running_episodes()  # the one it runs (solo), and any earlier victim's not swept yet
+        os.killpg(victim.pid, signal.SIGKILL)
+        victim.wait()
+    assert len(killed) >= 15  # most kills land mid-episode (they are timed just after a step)
+    processes.start("worker", "--queues", "episodes", name="survivor")
+    for task_id in tasks:
+        task = wait_for(lambda t=task_id: ended(t), 300, f"task {task_id} to end", processes.logs)
+        assert task.status == "finished", task.error
+    with get_sessionmaker()() as s:
+        episodes = s.scalars(sa.select(Episode).where(Episode.task_id.in_(tasks))).all()
+        lost = [e for e in episodes if e.status == "abandoned"]
+        assert {e.id for e in lost} == killed and all(e.finish_reason == "worker_lost" for e in lost)
+        assert not [e for e in episodes if e.status == "running"]
+        for e in episodes:  # no half-written step: the count the episode says is the rows it has, 0..n-1
+            indexes = s.scalars(sa.select(Step.index).where(Step.episode_id == e.id).order_by(Step.index)).all()
+            assert list(indexes) == list(range(e.num_steps)), (e.id, e.num_steps, indexes)
+
+
+def blocked_backends() -> list[int]:
+    with get_sessionmaker()() as s:
+        return list(
+            s.scalars(
+                sa.text(
+                    "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+                )
+            ).all()
+        )
+
+
+def terminate_other_connections() -> int:
+    """Terminate every other connection to this test's database: what a PostgreSQL restart, a failover or a
+    network cut does to the worker's pooled connections."""
+    with get_sessionmaker()() as s:
+        return len(
+            s.scalars(
+                sa.text(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                )
+            ).all()
+        )
+
+
+def test_a_workers_connection_cut_in_the_middle_of_a_step_write(production, processes, postgres_url):
+    """The worker's connection is cut while it writes a step (its UPDATE waits on a row lock the test holds,
+    then its backend is terminated): that step's transaction is rolled back whole, the attempt is closed as
+    `transient_error`, the task is released and run again, and it finishes; a cut between two writes is not
+    even noticed (each write checks its connection out, and the pool pings it first)."""
+    task_id = submit()
+    processes.start("worker", "--queues", "episodes,maintenance", "--beat", name="worker")
+    wait_for(lambda: steps_of_attempt(task_id, 1) >= 2, 120, "two steps", processes.logs)
+    assert terminate_other_connections() >= 1  # between two writes: the same attempt goes on
+    done = steps_of_attempt(task_id, 1)
+    wait_for(lambda: steps_of_attempt(task_id, 1) >= done + 2, 60, "steps after the cut", processes.logs)
+    locker = sa.create_engine(postgres_url)
+    with locker.connect() as conn:
+        held = conn.begin()
+        conn.execute(sa.select(Episode.id).where(Episode.task_id == task_id).with_for_update())
+        pids = wait_for(blocked_backends, 60, "the worker's step write to wait on the lock", processes.logs)
+        with get_sessionmaker()() as s:
+            for pid in pids:
+                s.execute(sa.text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+        held.rollback()
+    locker.dispose()
+    task = wait_for(lambda: ended(task_id), 180, "the task to end", processes.logs)
+    assert task.status == "finished" and task.attempts == 2, (task.status, task.attempts, task.error)
+    with get_sessionmaker()() as s:
+        episodes = s.scalars(sa.select(Episode).where(Episode.task_id == task_id).order_by(Episode.attempt)).all()
+        assert [(e.attempt, e.status, e.finish_reason) for e in episodes] == [
+            (1, "abandoned", "transient_error"),
+            (2, "finished", "max_turns"),
+        ]
+        for e in episodes:  # no half-written step: the count the episode says is the rows it has, 0..n-1
+            indexes = s.scalars(sa.select(Step.index).where(Step.episode_id == e.id).order_by(Step.index)).all()
+            assert list(indexes) == list(range(e.num_steps)), (e.id, e.num_steps, indexes)
+    assert "given back to the queue: database unavailable during the episode" in processes.everything()
