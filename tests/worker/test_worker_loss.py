@@ -114,7 +114,7 @@ def test_twenty_kills_in_a_row_lose_no_task_and_leave_none_stuck(production, pro
     for kill in range(20):
         before = step_count()
         victim = processes.start("worker", "--queues", "episodes", name=f"victim{kill}")
-        wait_for(lambda: step_count() > before, 120, f"victim {kill}'s first step", processes.logs)
+        wait_for(lambda b=before: step_count() > b, 120, f"victim {kill}'s first step", processes.logs)
         killed |= running_episodes()  # the one it runs (solo), and any earlier victim's not swept yet
         os.killpg(victim.pid, signal.SIGKILL)
         victim.wait()
