@@ -72,6 +72,7 @@ from agentloop.store import tasks as task_store
 from agentloop.store import tenants as tenant_store
 from agentloop.store import training_runs as run_store
 from agentloop.store.models import (
+    ACTIVE_SQL,
     Adapter,
     App,
     Episode,
@@ -193,13 +194,17 @@ def create_task(
         idempotency_key=idempotency_key,
         request_hash=digest,
     )
+    if idempotency_key is None:  # nothing to race on: written with the request's commit
+        session.add(task)
+        session.flush()
+        return task, True
     try:
         with session.begin_nested():
             session.add(task)
             session.flush()
     except IntegrityError:
         # a concurrent request with the same key won the race
-        existing = task_store.get_task_by_idempotency_key(session, principal.tenant_id, idempotency_key or "")
+        existing = task_store.get_task_by_idempotency_key(session, principal.tenant_id, idempotency_key)
         if existing is None:
             raise
         return _replay(existing, digest), False
@@ -211,9 +216,7 @@ def _check_active_quota(session: Session, principal: Principal) -> None:
     submission: requests at the same instant may pass it by a few)."""
     quota = get_settings().max_active_tasks_per_tenant
     active = session.scalar(
-        sa.select(sa.func.count())
-        .select_from(Task)
-        .where(Task.tenant_id == principal.tenant_id, Task.status.in_([TaskStatus.QUEUED, TaskStatus.RUNNING]))
+        sa.select(sa.func.count()).select_from(Task).where(Task.tenant_id == principal.tenant_id, sa.text(ACTIVE_SQL))
     )
     if (active or 0) >= quota:
         raise QuotaExceeded(

@@ -163,12 +163,24 @@ class App(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
+# a task that is queued or running, written as the partial index below is (a planner uses the index for a
+# query whose condition is this text, whatever the statement's parameters)
+ACTIVE_SQL = "status IN ('queued', 'running')"
+
+
 class Task(Base):
     __tablename__ = "tasks"
     __table_args__ = (
         sa.UniqueConstraint("tenant_id", "idempotency_key"),
         sa.Index("ix_tasks_tenant_created", "tenant_id", "created_at"),
         sa.Index("ix_tasks_status_lease", "status", "lease_expires_at"),
+        # the active-task quota's count (api/service.py): only queued and running rows are in it
+        sa.Index(
+            "ix_tasks_tenant_active",
+            "tenant_id",
+            postgresql_where=sa.text(ACTIVE_SQL),
+            sqlite_where=sa.text(ACTIVE_SQL),
+        ),
     )
     id: Mapped[str] = mapped_column(sa.String(36), primary_key=True, default=new_id)
     tenant_id: Mapped[str] = mapped_column(sa.ForeignKey("tenants.id", ondelete="CASCADE"))
