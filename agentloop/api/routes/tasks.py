@@ -6,7 +6,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Query, Request, Response, status
+from fastapi import APIRouter, BackgroundTasks, Header, Query, Request, Response, status
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 
@@ -44,13 +44,16 @@ def create_task(
     session: SessionDep,
     principal: CurrentPrincipal,
     response: Response,
+    background: BackgroundTasks,
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key")] = None,
 ) -> TaskPublic:
     """Queue a task. The response comes once the task is stored; the agent runs it in the background."""
     task, created = service.create_task(session, principal, body, idempotency_key, get_settings().secret_key)
     session.commit()
     if created:
-        publish_episode(task.id)
+        # sent to the queue once the response is out: a process that dies in between leaves a stored task
+        # with no message, as one that died just before publishing would, and the sweeper publishes it
+        background.add_task(publish_episode, task.id)
     else:
         response.headers["Idempotent-Replayed"] = "true"
     response.headers["Location"] = f"/v1/tasks/{task.id}"
