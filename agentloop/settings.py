@@ -121,6 +121,18 @@ class Settings(BaseSettings):
     agent_max_context_tokens: int = Field(8192, description="Episode stops when the context would exceed this.")
     agent_wall_time_s: float = Field(900.0, description="Wall-clock limit of one episode.")
     agent_temperature: float = Field(0.7, description="Sampling temperature of served episodes.")
+    prompt_example: Literal["fixed", "nearest"] = Field(
+        "fixed",
+        description="The worked example before a task: the world's `fixed` one, or the `nearest` solved train "
+        "task of the world (same apps, like words; agent/examples.py). Train an adapter with the setting it will "
+        "serve with.",
+    )
+    example_bank_per_scenario: int = Field(
+        3, ge=1, description="Solved instances of each train scenario the `nearest` example is chosen from."
+    )
+    example_max_chars: int = Field(
+        2500, ge=100, description="A `nearest` example's calls and answers stay within this many characters."
+    )
 
     # --- learning schedule (celery beat) ------------------------------------------------------
     train_every_s: float = Field(0.0, description="Start a training run this often (seconds); 0: not on a period.")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shlex
 import sys
@@ -54,6 +55,7 @@ def settings_key(args: argparse.Namespace, sets: dict[str, list[EvalTask]]) -> d
         "sets": {name: [t.task_ref for t in tasks] for name, tasks in sets.items()},
         "max_turns": args.max_turns,
         "max_new_tokens": MAX_NEW_TOKENS,
+        **({"prompt_example": args.prompt_example} if args.prompt_example != "fixed" else {}),
     }
 
 
@@ -189,11 +191,20 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=SEED, help="the seed the instances' seeds are drawn from")
     ap.add_argument("--dev", action="store_true", help="also the dev split (51 tasks)")
     ap.add_argument("--max-turns", type=int, default=MAX_TURNS)
+    ap.add_argument(
+        "--prompt-example",
+        choices=("fixed", "nearest"),
+        default="fixed",
+        help="the worked example each episode shows (AGENTLOOP_PROMPT_EXAMPLE): the world's, or the nearest solved "
+        "train task; results in one DIR must share it",
+    )
     ap.add_argument("--rerun", action="store_true", help="measure a model again even if DIR has its figures")
     ap.add_argument("--quick", action="store_true", help="a smoke run: 3 instances, 4 turns (and 2 dev tasks)")
     ap.add_argument("--merge", action="store_true", help="only merge DIR's files (no model is run)")
     ap.add_argument("--write-docs", action="store_true", help="update docs/benchmarks.md's fresh_instances section")
     args = ap.parse_args()
+    os.environ["AGENTLOOP_PROMPT_EXAMPLE"] = args.prompt_example
+    get_settings.cache_clear()
     models = models_to_measure(ap, args.adapter, base=not args.no_base)
     if args.quick:
         args.n, args.max_turns = 3, 4

@@ -229,7 +229,8 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
 def bench_settings(args: argparse.Namespace, model: str) -> dict[str, Any]:
     """What makes two arm files comparable: the model, the presets (after `--quick`) and the options."""
     keys = [k for k in args.curve.presets if k != "dev_every"]  # when dev is measured does not change what is trained
-    return {"model": model, **{k: getattr(args, k) for k in [*keys, *OPTIONS]}}
+    shown = {"prompt_example": args.prompt_example} if args.prompt_example != "fixed" else {}  # (older files: fixed)
+    return {"model": model, **{k: getattr(args, k) for k in [*keys, *OPTIONS]}, **shown}
 
 
 def arm_settings(settings: dict[str, Any], arm: str) -> dict[str, Any]:
@@ -984,6 +985,13 @@ def parse_args(argv: list[str] | None = None, curve: Curve | None = None, doc: s
     ap.add_argument("--step-omega", type=float, default=None, help="loop+step: omega (default: preset)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
+        "--prompt-example",
+        choices=("fixed", "nearest"),
+        default="fixed",
+        help="the worked example every episode shows: the world's fixed one, or the nearest solved train task of "
+        "another scenario (AGENTLOOP_PROMPT_EXAMPLE; agent/examples.py)",
+    )
+    ap.add_argument(
         "--plot",
         type=Path,
         default=None,
@@ -1040,6 +1048,8 @@ def run_phases(args: argparse.Namespace, results: Path, model_dir: Path, setting
 
 def main() -> None:
     args = parse_args()
+    os.environ["AGENTLOOP_PROMPT_EXAMPLE"] = args.prompt_example  # every episode of this process: trained and measured
+    get_settings.cache_clear()
     settings_now = get_settings()
     results = (args.results or settings_now.home / "bench" / "stepagent_curve").resolve()
     results.mkdir(parents=True, exist_ok=True)

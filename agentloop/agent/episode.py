@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from agentloop.agent.actions import action_space
@@ -17,6 +17,7 @@ from agentloop.agent.prompt import ChatFormat, example_messages, render_system, 
 from agentloop.apps.base import ApiError
 from agentloop.apps.tasks import ToolCall
 from agentloop.apps.world import World
+from agentloop.apps.world_prompt import WorkedExample
 from agentloop.policy.base import Generation, GenerationRequest, Policy
 from agentloop.settings import Settings
 
@@ -71,6 +72,8 @@ class Episode:
     limits: Limits
     adapter: str | None = None
     key: str | None = None
+    # the worked example shown before the task (agent/examples.py); None: the world's own
+    example: WorkedExample | None = None
     prompt_token_ids: list[int] = field(init=False)
     context: list[int] = field(init=False)
     turns: list[Turn] = field(default_factory=list)
@@ -79,6 +82,8 @@ class Episode:
 
     def __post_init__(self) -> None:
         parts = world_prompt(self.world)  # once per episode (an app's worked example is fetched here)
+        if self.example is not None and self.world.commands is None:
+            parts = replace(parts, example=self.example)
         self.prompt_token_ids = self.fmt.opening(
             render_system(self.world, parts),
             render_task(self.world, parts, self.instruction),

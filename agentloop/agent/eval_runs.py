@@ -78,6 +78,7 @@ def eval_task(provider: WorldProvider, spec: TaskSpec) -> EvalTask:
         instruction=spec.instruction,
         start=start,
         expert=expert,
+        world=provider.name,
     )
 
 

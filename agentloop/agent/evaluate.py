@@ -11,6 +11,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from agentloop.agent.behaviour import behaviour
 from agentloop.agent.episode import Episode, Limits, run_episodes
+from agentloop.agent.examples import example_for
 from agentloop.agent.prompt import ChatFormat
 from agentloop.apps.evaluation import Evaluator, Verdict
 from agentloop.apps.remote_env import EnvironmentFailure
@@ -40,6 +41,7 @@ class EvalTask:
     # the oracle solves a scratch copy of it (a world whose setup varies from load to load, ScienceWorld's,
     # has its solution generated with it)
     expert: Callable[[World], list[ToolCall]] | None = None
+    world: str = ""  # the world provider's name ("": an app's tasks): where a `nearest` worked example comes from
 
 
 @dataclass
@@ -95,7 +97,10 @@ def run_eval(
         try:
             for task, rep in jobs[start : start + batch_size]:
                 world, evaluator = task.start()
-                ep = Episode(world, fmt, task.instruction, limits, adapter=adapter, key=f"{task.task_ref}#{rep}")
+                example = example_for(task.world, task.instruction, world.available)
+                ep = Episode(
+                    world, fmt, task.instruction, limits, adapter=adapter, key=f"{task.task_ref}#{rep}", example=example
+                )
                 batch.append(_Running(task, rep, ep, evaluator, world.copy_state()))
                 if prepare is not None:
                     prepare(ep, task)

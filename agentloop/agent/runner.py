@@ -16,6 +16,7 @@ from sqlalchemy.exc import OperationalError
 from agentloop import events
 from agentloop.agent.episode import Episode, Limits, Turn, run_episodes
 from agentloop.agent.evaluate import Evaluator
+from agentloop.agent.examples import example_for
 from agentloop.agent.external_episode import ExternalEpisode, start_external_episode
 from agentloop.agent.prompt import ChatFormat
 from agentloop.apps.external import free_instruction_refusal, split_task_ref
@@ -317,8 +318,15 @@ def _run_pinned(
     task_id = task.id
     opts: dict[str, Any] = task.options
     limits = Limits.from_settings(settings, max_turns=opts.get("max_turns"), temperature=opts.get("temperature"))
+    example = example_for(task.world, task.instruction, prepared.world.available)
     episode = Episode(
-        prepared.world, ChatFormat(policy.tokenizer), task.instruction, limits, adapter=adapter, key=task_id
+        prepared.world,
+        ChatFormat(policy.tokenizer),
+        task.instruction,
+        limits,
+        adapter=adapter,
+        key=task_id,
+        example=example,
     )
     before = prepared.world.copy_state()
     with session_scope() as s:

@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 from agentloop.agent.actions import action_space
 from agentloop.agent.episode import Episode, Limits, run_episodes
 from agentloop.agent.evaluate import EvalTask
+from agentloop.agent.examples import example_for
 from agentloop.agent.prompt import ChatFormat
 from agentloop.apps.registry import WorldProvider
 from agentloop.apps.tasks import ToolCall
@@ -84,6 +85,7 @@ def _demonstration_task(provider: WorldProvider, row: Any) -> EvalTask:
         instruction=row.instruction,
         start=start,
         expert=_fixed(calls),
+        world=provider.name,
     )
 
 
@@ -126,7 +128,8 @@ def _fixed(calls: list[ToolCall]) -> Callable[[World], list[ToolCall]]:
 
 def expert_rollouts(tokenizer: Any, tasks: Sequence[EvalTask], limits: Limits) -> list[Rollout]:
     """Each task's expert calls played through the real episode loop: exact token sequences, one turn
-    per call, with each turn's call kept (`Rollout.actions`)."""
+    per call, with each turn's call kept (`Rollout.actions`). With `prompt_example: nearest` each shows the
+    nearest solved task of another scenario (agent/examples.py): what it learns is to carry an example over."""
     policy = ScriptedPolicy(tokenizer, name="oracle")
     fmt = ChatFormat(tokenizer)
     episodes = []
@@ -135,7 +138,8 @@ def expert_rollouts(tokenizer: Any, tasks: Sequence[EvalTask], limits: Limits) -
             continue
         world, _ = task.start()
         key = f"{task.task_ref}#{i}"  # a task may appear several times (e.g. with other demonstrations)
-        ep = Episode(world, fmt, task.instruction, limits, key=key)
+        example = example_for(task.world, task.instruction, world.available, exclude_scenario=task.scenario)
+        ep = Episode(world, fmt, task.instruction, limits, key=key, example=example)
         policy.plan_actions(key, task.expert(world), action_space(world.commands))
         episodes.append((task, ep))
     try:
