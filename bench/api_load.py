@@ -7,7 +7,9 @@ The production setup, each part its own process: the API under uvicorn (`--worke
 `agentloop.api.app:create_app`), PostgreSQL (a fresh database on 127.0.0.1:5432, dropped afterwards), Redis
 (127.0.0.1:6379 db 14, emptied before and after: the broker, step events and the rate limiter's counters)
 and a Celery worker with the `replay` policy (no model: every episode looks up the supervisor's profile,
-then completes), so that tasks created during the run are also run, stored and finished.
+then completes), so that tasks created during the run are also run, stored and finished. The worker runs
+while the API is measured and is stopped (SIGSTOP) while the bare endpoint is, so that the episodes the API's
+tasks cost are paid in the API's seconds, never in the bare endpoint's.
 
 The bare endpoint: FastAPI under the same uvicorn settings, `POST /tasks` validating a body like
 `POST /v1/tasks`'s and inserting one row into its own table of the same PostgreSQL server, `GET /tasks/{id}`
@@ -29,6 +31,7 @@ import asyncio
 import json
 import os
 import shlex
+import signal
 import socket
 import statistics
 import subprocess
@@ -110,7 +113,7 @@ def free_port() -> int:
 class Stack:
     """The processes of one run, stopped (and the database dropped) however the run ends."""
 
-    def __init__(self, workers: int, home: Path) -> None:
+    def __init__(self, workers: int, home: Path, logs: Path | None = None) -> None:
         self.workers, self.home = workers, home
         self.procs: list[subprocess.Popen[bytes]] = []
         self.db_name = f"agentloop_load_{uuid.uuid4().hex[:10]}"
@@ -132,7 +135,7 @@ class Stack:
             "AGENTLOOP_LOG_LEVEL": "WARNING",
             "BARE_DATABASE_URL": self.db_url,
         }
-        self.logs = home / "logs"
+        self.logs = logs or home / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
 
     def run(self, *args: str) -> str:
@@ -236,7 +239,7 @@ async def drive(base: str, create: str, read: str, headers: dict[str, str], clie
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     flush_redis()
     with tempfile.TemporaryDirectory(prefix="agentloop-load-") as tmp:
-        stack = Stack(args.workers, Path(tmp))
+        stack = Stack(args.workers, Path(tmp), args.logs)
         try:
             stack.run("migrate")
             key = stack.run("keys", "create", "--tenant", "load", "--role", "client", "--name", "api_load").strip()
@@ -244,14 +247,17 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             bare = stack.uvicorn("bare", "api_load:bare_app", free_port())
             with sa.create_engine(stack.db_url).begin() as conn:  # the bare table, made before any request
                 conn.execute(sa.text(BARE_TABLE))
-            stack.start("worker", PYTHON, "-m", "agentloop.cli", "worker", "--queues", "episodes,maintenance",
-                        "--pool", "threads", "--concurrency", "4")  # fmt: skip
+            worker = stack.start("worker", PYTHON, "-m", "agentloop.cli", "worker", "--queues",
+                                 "episodes,maintenance", "--pool", "threads", "--concurrency", "4")  # fmt: skip
             levels: list[dict[str, Any]] = []
             for clients in args.levels:
                 row: dict[str, Any] = {"clients": clients}
                 # alternate which goes first so that neither always meets a warmer or a busier machine
                 order = [("api", api), ("bare", bare)] if len(levels) % 2 == 0 else [("bare", bare), ("api", api)]
                 for name, url in order:
+                    # the worker runs the API's tasks while the API is measured, and is stopped (SIGSTOP) while the
+                    # bare endpoint is: the episodes a task costs count against the API only
+                    os.kill(worker.pid, signal.SIGCONT if name == "api" else signal.SIGSTOP)
                     create, read, headers = (
                         ("/v1/tasks", "/v1/tasks/{id}", {"Authorization": f"Bearer {key}"})
                         if name == "api"
@@ -259,6 +265,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                     )
                     row[name] = asyncio.run(drive(url, create, read, headers, clients, args.seconds))
                     print(f"  {clients} clients {name}: {row[name]}", file=sys.stderr, flush=True)
+                os.kill(worker.pid, signal.SIGCONT)
                 row["ratio"] = round(row["api"]["rps"] / row["bare"]["rps"], 3) if row["bare"]["rps"] else None
                 levels.append(row)
             finished = count_finished(stack.db_url)
@@ -285,7 +292,8 @@ def docs_section(result: dict[str, Any], command: str) -> str:
         f"`{command}`",
         "",
         f"On {machine()}; {result['workers']} uvicorn worker processes each; PostgreSQL and Redis on the same "
-        f"machine; a Celery worker (4 threads, replay policy) running the tasks as they come; the load generator "
+        f"machine; a Celery worker (4 threads, replay policy) running the tasks as they come while the API is "
+        "measured (stopped while the bare endpoint is: the episodes count against the API); the load generator "
         f"(httpx, asyncio) in the same machine too; {result['seconds']:.0f} s per level and server. A client "
         "creates a task, reads it back, again.",
         "",
@@ -316,6 +324,7 @@ def main() -> None:
     ap.add_argument("--levels", default="1,4,16,64", help="comma-separated client counts")
     ap.add_argument("--seconds", type=float, default=15.0, help="per level and server")
     ap.add_argument("--workers", type=int, default=2, help="uvicorn worker processes of each server")
+    ap.add_argument("--logs", type=Path, default=None, help="keep the processes' logs in this folder")
     ap.add_argument("--json", action="store_true", help="print only the JSON line")
     ap.add_argument("--write-docs", action="store_true", help="update docs/benchmarks.md's api_load section")
     args = ap.parse_args()
