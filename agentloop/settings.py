@@ -50,6 +50,13 @@ class Settings(BaseSettings):
         description="Redis for step/adapter events (pub/sub). Default: the broker URL when it is Redis; "
         "otherwise events are picked up by polling the database.",
     )
+    database_pool_size: int = Field(
+        10, ge=1, description="PostgreSQL connections each process keeps open (the pool; SQLite has none)."
+    )
+    database_max_overflow: int = Field(10, ge=0, description="Connections a process may open above the pool when busy.")
+    database_pool_timeout_s: float = Field(
+        30.0, gt=0, description="How long a request waits for a free connection before it is answered 503."
+    )
     visibility_timeout_s: int = Field(
         7200, description="Broker visibility timeout: an unacked message is redelivered after this long."
     )

@@ -12,14 +12,13 @@ from urllib.parse import parse_qsl
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agentloop import __version__
 from agentloop.api import openapi_doc
-from agentloop.api.errors import InvalidRequest, ServiceError, TooLarge, database_unavailable
+from agentloop.api.errors import DATABASE_ERRORS, InvalidRequest, ServiceError, TooLarge, database_unavailable
 from agentloop.api.metrics import HTTP_LATENCY, HTTP_REQUESTS
 from agentloop.api.routes import admin, apps, demonstrations, health, tasks
 from agentloop.api.text_guard import check_text
@@ -156,10 +155,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             headers["Retry-After"] = str(exc.retry_after_s)
         return error_response(exc, headers or None)
 
-    @app.exception_handler(OperationalError)
-    async def _database_lost(_: Request, exc: OperationalError) -> JSONResponse:
-        log.warning("database unavailable during a request: %s", exc.orig)
+    async def _database_lost(_: Request, exc: Exception) -> JSONResponse:
+        log.warning("database unavailable during a request: %s", getattr(exc, "orig", None) or exc)
         return error_response(database_unavailable(exc), {"Retry-After": "1"})
+
+    for kind in DATABASE_ERRORS:
+        app.add_exception_handler(kind, _database_lost)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:

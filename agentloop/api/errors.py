@@ -6,6 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 from pydantic import ValidationError
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
+
+# what a request meets when the database is gone or every connection is taken: 503, retry
+DATABASE_ERRORS = (OperationalError, PoolTimeout)
 
 
 class ServiceError(Exception):
@@ -109,8 +114,15 @@ class DeadlineExceeded(ServiceError):
 
 
 def database_unavailable(exc: BaseException) -> Unavailable:
-    """A database connection that broke mid-request (sqlalchemy's OperationalError): its transaction was
-    rolled back, so nothing of the request was written, and the retry gets a fresh connection."""
+    """A database connection that broke mid-request (sqlalchemy's OperationalError), or none free in the
+    process's pool in time (its TimeoutError): the request's transaction was rolled back or never began, so
+    nothing of it was written, and the retry gets a fresh connection."""
+    if isinstance(exc, PoolTimeout):
+        return Unavailable(
+            "no database connection was free in time (every one of this process's pool is in use); nothing was "
+            "written, retry",
+            retry_after_s=1,
+        )
     orig = getattr(exc, "orig", None) or exc
     text = str(orig).strip()
     reason = text.splitlines()[0] if text else type(orig).__name__

@@ -31,7 +31,13 @@ def make_engine(url: str) -> sa.Engine:
         # the API, the worker and beat write the same file from separate processes
         kwargs["connect_args"] = {"timeout": 30, "check_same_thread": False}
     else:
-        kwargs.update(pool_pre_ping=True, pool_size=10, max_overflow=10)
+        settings = get_settings()
+        kwargs.update(
+            pool_pre_ping=True,
+            pool_size=settings.database_pool_size,
+            max_overflow=settings.database_max_overflow,
+            pool_timeout=settings.database_pool_timeout_s,
+        )
     engine = sa.create_engine(url, **kwargs)
     if parsed.get_backend_name() == "sqlite":
 

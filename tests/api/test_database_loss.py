@@ -88,3 +88,23 @@ def test_grpc_a_lost_connection_is_unavailable_and_the_retry_succeeds(postgres, 
     assert error.code() == grpc.StatusCode.UNAVAILABLE and "the database is unavailable (" in error.details()
     assert dict(error.trailing_metadata())["retry-after"] == "1"
     assert retried.task.id and tasks() == 1
+
+
+def test_no_free_connection_in_time_is_a_503_not_a_crash(postgres, configure_env):
+    """Every connection of the process's pool is taken (here: the one there is, held by the test) for longer
+    than a request waits for one: 503 with Retry-After and a reason; once one is free, the same request works."""
+    configure_env(DATABASE_POOL_SIZE=1, DATABASE_MAX_OVERFLOW=0, DATABASE_POOL_TIMEOUT_S=0.5)
+    keys = postgres
+    client = TestClient(create_app(), raise_server_exceptions=False)
+    holder = get_engine().connect()  # the pool's only connection
+    try:
+        resp = client.post("/v1/tasks", json=TASK, headers=bearer(keys.tenant_a_client))
+        assert resp.status_code == 503, resp.text
+        assert resp.headers["Retry-After"] == "1"
+        assert "no database connection was free in time" in resp.json()["error"]["message"]
+    finally:
+        holder.close()
+    resp = client.post("/v1/tasks", json=TASK, headers=bearer(keys.tenant_a_client))
+    assert resp.status_code == 202, resp.text
+    with get_sessionmaker()() as s:
+        assert s.scalar(sa.select(sa.func.count()).select_from(Task)) == 1

@@ -13,11 +13,10 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any, NoReturn, ParamSpec, TypeAlias, TypeVar
 
 import grpc
-from sqlalchemy.exc import OperationalError
 
 from agentloop.api import auth
 from agentloop.api.auth import Principal
-from agentloop.api.errors import DeadlineExceeded, ServiceError, database_unavailable
+from agentloop.api.errors import DATABASE_ERRORS, DeadlineExceeded, ServiceError, database_unavailable
 from agentloop.api.rate_limits import admit
 from agentloop.api.text_guard import check_message
 from agentloop.store.db import get_sessionmaker
@@ -106,8 +105,8 @@ def translates_errors(method: Handler) -> Handler:
                 await _abort(context, exc)
             except grpc.aio.AbortError:
                 raise
-            except OperationalError as exc:
-                log.warning("database unavailable during gRPC %s: %s", name, exc.orig)
+            except DATABASE_ERRORS as exc:
+                log.warning("database unavailable during gRPC %s: %s", name, getattr(exc, "orig", None) or exc)
                 await _abort(context, database_unavailable(exc))
             except Exception:
                 await _internal(context, name)
@@ -123,8 +122,8 @@ def translates_errors(method: Handler) -> Handler:
             await _abort(context, exc)
         except grpc.aio.AbortError:
             raise
-        except OperationalError as exc:
-            log.warning("database unavailable during gRPC %s: %s", name, exc.orig)
+        except DATABASE_ERRORS as exc:
+            log.warning("database unavailable during gRPC %s: %s", name, getattr(exc, "orig", None) or exc)
             await _abort(context, database_unavailable(exc))
         except Exception:
             await _internal(context, name)

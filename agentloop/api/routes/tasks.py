@@ -50,6 +50,7 @@ def create_task(
     """Queue a task. The response comes once the task is stored; the agent runs it in the background."""
     task, created = service.create_task(session, principal, body, idempotency_key, get_settings().secret_key)
     session.commit()
+    session.close()  # its connection back to the pool now, before the publish below takes one of its own
     if created:
         # sent to the queue once the response is out: a process that dies in between leaves a stored task
         # with no message, as one that died just before publishing would, and the sweeper publishes it
