@@ -7,9 +7,14 @@ The production setup, each part its own process: the API under uvicorn (`--worke
 `agentloop.api.app:create_app`), PostgreSQL (a fresh database on 127.0.0.1:5432, dropped afterwards), Redis
 (127.0.0.1:6379 db 14, emptied before and after: the broker, step events and the rate limiter's counters)
 and a Celery worker with the `replay` policy (no model: every episode looks up the supervisor's profile,
-then completes), so that tasks created during the run are also run, stored and finished. The worker runs
-while the API is measured and is stopped (SIGSTOP) while the bare endpoint is, so that the episodes the API's
-tasks cost are paid in the API's seconds, never in the bare endpoint's.
+then completes), so that tasks created during the run are also run, stored and finished. Each level
+measures the API twice: with the worker running the tasks as they come (the production setup: its episodes
+share the two cores), then, once the worker has finished them, with the idle worker stopped (the request path
+alone: its tasks wait in the queue, and are run after the level); then the bare endpoint, with the worker
+stopped too. `api_bare_rps_ratio` compares the request path alone with the bare endpoint;
+`api_with_worker_bare_rps_ratio` the production setup. Both
+servers keep connections alive 60 s (uvicorn's 5 s default closes some under the client, which counts as an
+error).
 
 The bare endpoint: FastAPI under the same uvicorn settings, `POST /tasks` validating a body like
 `POST /v1/tasks`'s and inserting one row into its own table of the same PostgreSQL server, `GET /tasks/{id}`
@@ -53,6 +58,7 @@ REDIS = os.environ.get("AGENTLOOP_BENCH_REDIS", "redis://127.0.0.1:6379/14")
 TASK = {"task_ref": "wallet_send_money-1"}
 REPLAY = [{"app": "supervisor", "api": "show_profile", "args": {}}]
 SECTION = "api_load"
+ACTIVE = "status IN ('queued', 'running')"
 BARE_TABLE = (
     "CREATE TABLE bare_tasks (id varchar(36) PRIMARY KEY, task_ref varchar(200), status varchar(16), "
     "created_at double precision)"
@@ -153,7 +159,7 @@ class Stack:
     def uvicorn(self, name: str, target: str, port: int) -> str:
         self.start(
             name, PYTHON, "-m", "uvicorn", target, "--factory", "--host", "127.0.0.1", "--port", str(port),
-            "--workers", str(self.workers), "--log-level", "warning", "--no-access-log",
+            "--workers", str(self.workers), "--log-level", "warning", "--no-access-log", "--timeout-keep-alive", "60",
         )  # fmt: skip
         url = f"http://127.0.0.1:{port}"
         wait_until(lambda: httpx.get(f"{url}/openapi.json", timeout=2).status_code == 200, f"{name} on {url}")
@@ -252,27 +258,45 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             levels: list[dict[str, Any]] = []
             for clients in args.levels:
                 row: dict[str, Any] = {"clients": clients}
-                # alternate which goes first so that neither always meets a warmer or a busier machine
-                order = [("api", api), ("bare", bare)] if len(levels) % 2 == 0 else [("bare", bare), ("api", api)]
-                for name, url in order:
-                    # the worker runs the API's tasks while the API is measured, and is stopped (SIGSTOP) while the
-                    # bare endpoint is: the episodes a task costs count against the API only
-                    os.kill(worker.pid, signal.SIGCONT if name == "api" else signal.SIGSTOP)
-                    create, read, headers = (
-                        ("/v1/tasks", "/v1/tasks/{id}", {"Authorization": f"Bearer {key}"})
-                        if name == "api"
-                        else ("/tasks", "/tasks/{id}", {})
-                    )
-                    row[name] = asyncio.run(drive(url, create, read, headers, clients, args.seconds))
+                api_call = ("/v1/tasks", "/v1/tasks/{id}", {"Authorization": f"Bearer {key}"})
+                # 1. the production setup: the worker runs the tasks as they come, on the same two cores
+                row["api_with_worker"] = asyncio.run(drive(api, *api_call, clients, args.seconds))
+                row["drain_s"] = drain(stack.db_url, args.drain_timeout_s)  # it finishes what it took
+                # 2. the request path alone: the idle worker stopped (SIGSTOP; it holds no transaction now), the
+                # tasks wait in the queue and are run after the bare endpoint's turn
+                os.kill(worker.pid, signal.SIGSTOP)
+                try:
+                    row["api"] = asyncio.run(drive(api, *api_call, clients, args.seconds))
+                    row["bare"] = asyncio.run(drive(bare, "/tasks", "/tasks/{id}", {}, clients, args.seconds))
+                finally:
+                    os.kill(worker.pid, signal.SIGCONT)
+                row["drain_after_s"] = drain(stack.db_url, args.drain_timeout_s)
+                for name in ("api_with_worker", "api", "bare"):
                     print(f"  {clients} clients {name}: {row[name]}", file=sys.stderr, flush=True)
-                os.kill(worker.pid, signal.SIGCONT)
                 row["ratio"] = round(row["api"]["rps"] / row["bare"]["rps"], 3) if row["bare"]["rps"] else None
+                row["ratio_with_worker"] = (
+                    round(row["api_with_worker"]["rps"] / row["bare"]["rps"], 3) if row["bare"]["rps"] else None
+                )
                 levels.append(row)
             finished = count_finished(stack.db_url)
         finally:
             stack.stop()
             flush_redis()
     return {"levels": levels, "tasks_finished_by_the_worker": finished}
+
+
+def drain(db_url: str, timeout_s: float) -> float | None:
+    """Seconds until no task is queued or running (None: still some after `timeout_s`)."""
+    engine, started = sa.create_engine(db_url), time.perf_counter()
+    try:
+        while time.perf_counter() - started < timeout_s:
+            with engine.connect() as conn:
+                if not conn.execute(sa.text(f"SELECT count(*) FROM tasks WHERE {ACTIVE}")).scalar():
+                    return round(time.perf_counter() - started, 1)
+            time.sleep(0.5)
+        return None
+    finally:
+        engine.dispose()
 
 
 def count_finished(db_url: str) -> dict[str, int]:
@@ -292,26 +316,29 @@ def docs_section(result: dict[str, Any], command: str) -> str:
         f"`{command}`",
         "",
         f"On {machine()}; {result['workers']} uvicorn worker processes each; PostgreSQL and Redis on the same "
-        f"machine; a Celery worker (4 threads, replay policy) running the tasks as they come while the API is "
-        "measured (stopped while the bare endpoint is: the episodes count against the API); the load generator "
+        f"machine; a Celery worker (4 threads, replay policy). *API*: the request path alone (the idle worker "
+        "stopped, the tasks run after the level); *API with the worker*: the production setup, the worker running "
+        "the tasks as they come on the same cores, then finishing what it took (drain s); the load generator "
         f"(httpx, asyncio) in the same machine too; {result['seconds']:.0f} s per level and server. A client "
         "creates a task, reads it back, again.",
         "",
-        "| clients | API req/s | API p50 / p99 ms | API errors | bare req/s | bare p50 / p99 ms | API / bare |",
-        "|---|---|---|---|---|---|---|",
+        "| clients | API req/s | API p50 / p99 ms | API errors | bare req/s | bare p50 / p99 ms | API / bare "
+        "| API with the worker req/s (p99 ms) | with the worker / bare | drain s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in result["levels"]:
-        a, b = row["api"], row["bare"]
+        a, b, w = row["api"], row["bare"], row["api_with_worker"]
         lines.append(
             f"| {row['clients']} | {a['rps']} | {a['p50_ms']} / {a['p99_ms']} | {sum(a['errors'].values())} | "
-            f"{b['rps']} | {b['p50_ms']} / {b['p99_ms']} | {row['ratio']} |"
+            f"{b['rps']} | {b['p50_ms']} / {b['p99_ms']} | {row['ratio']} | {w['rps']} ({w['p99_ms']}; "
+            f"{sum(w['errors'].values())} errors) | {row['ratio_with_worker']} | {row['drain_s']} |"
         )
     lines += [
         "",
         f"Tasks by status in the API's database at the end: {result['tasks_finished_by_the_worker']}.",
         "",
         f"`api_bare_rps_ratio` {result['api_bare_rps_ratio']} at {result['levels'][-1]['clients']} clients "
-        "(target 0.7).",
+        f"(target 0.7); with the worker, `api_with_worker_bare_rps_ratio` {result['api_with_worker_bare_rps_ratio']}.",
     ]
     return "\n".join(lines)
 
@@ -325,6 +352,9 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=15.0, help="per level and server")
     ap.add_argument("--workers", type=int, default=2, help="uvicorn worker processes of each server")
     ap.add_argument("--logs", type=Path, default=None, help="keep the processes' logs in this folder")
+    ap.add_argument(
+        "--drain-timeout-s", type=float, default=300.0, help="most seconds to wait for the worker after each API level"
+    )
     ap.add_argument("--json", action="store_true", help="print only the JSON line")
     ap.add_argument("--write-docs", action="store_true", help="update docs/benchmarks.md's api_load section")
     args = ap.parse_args()
@@ -336,11 +366,12 @@ def main() -> None:
         ap.error("--levels takes comma-separated integers, e.g. 1,4,16")
     if not args.levels or min(args.levels) < 1 or args.seconds <= 0 or args.workers < 1:
         ap.error("--levels must be positive integers, --seconds and --workers positive")
-    command = "python bench/api_load.py " + shlex.join(a for a in sys.argv[1:] if a != "--write-docs")
+    command = ("python bench/api_load.py " + shlex.join(a for a in sys.argv[1:] if a != "--write-docs")).strip()
     measured = measure(args)
     top = measured["levels"][-1]
     result = {
         "api_bare_rps_ratio": top["ratio"],
+        "api_with_worker_bare_rps_ratio": top["ratio_with_worker"],
         "workers": args.workers,
         "seconds": args.seconds,
         "quick": args.quick,
@@ -352,7 +383,8 @@ def main() -> None:
         for row in measured["levels"]:
             print(
                 f"{row['clients']:>3} clients  API {row['api']['rps']:>7} req/s  bare {row['bare']['rps']:>7} req/s"
-                f"  ratio {row['ratio']}",
+                f"  ratio {row['ratio']}  (with the worker {row['api_with_worker']['rps']} req/s, "
+                f"{row['ratio_with_worker']})",
                 file=sys.stderr,
             )
     if args.write_docs:
