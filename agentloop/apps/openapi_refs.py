@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
 
 if TYPE_CHECKING:
     from agentloop.settings import Settings
@@ -102,11 +103,17 @@ class RefResolver:
         if not ref.startswith("#/"):
             raise AppRegistrationError(f"only local references are supported, not {ref!r}")
         node: Any = self.doc
-        for part in ref[2:].split("/"):
-            part = part.replace("~1", "/").replace("~0", "~")
-            if not isinstance(node, dict) or part not in node:
+        for raw in ref[2:].split("/"):
+            # a $ref is a URI: its fragment is percent-decoded first, then read as a JSON pointer (RFC 6901 §6)
+            part = unquote(raw).replace("~1", "/").replace("~0", "~")
+            if isinstance(node, dict) and part in node:
+                node = node[part]
+            elif (
+                isinstance(node, list) and part.isdigit() and (part == "0" or part[0] != "0") and int(part) < len(node)
+            ):
+                node = node[int(part)]
+            else:
                 raise AppRegistrationError(f"reference {ref!r} points nowhere")
-            node = node[part]
         return node
 
     def deref(self, node: Any, where: str) -> Any:
@@ -258,3 +265,8 @@ def json_preview(value: Any, limit: int) -> str:
         pieces.append(piece)
         written += len(piece)
     return "".join(pieces)[:limit]
+
+
+def _index(part: str) -> int:
+    """A JSON pointer's array index ("0", "12"; not "01", "-" or "x"), or a number no list reaches."""
+    return int(part) if part.isdigit() and (part == "0" or part[0] != "0") else 1 << 62

@@ -20,7 +20,13 @@ from agentloop.apps import openapi_refs
 from agentloop.apps.base import ApiError
 from agentloop.apps.builtin import BUILTIN
 from agentloop.apps.openapi import parse_document
-from agentloop.apps.openapi_refs import DocumentLimitExceeded, DocumentLimits, RefResolver, json_preview
+from agentloop.apps.openapi_refs import (
+    AppRegistrationError,
+    DocumentLimitExceeded,
+    DocumentLimits,
+    RefResolver,
+    json_preview,
+)
 from agentloop.settings import Settings
 from agentloop.store import apps as app_store
 from agentloop.store.db import get_sessionmaker
@@ -454,3 +460,45 @@ def test_an_app_registered_before_operations_were_stored_is_resolved_once(api, m
     with get_sessionmaker()() as s:
         row = s.scalars(sa.select(App)).one()
         assert row.operations is not None and row.operation_ids is not None
+
+
+def test_references_are_uris_and_json_pointers():
+    """A $ref's fragment is percent-decoded, then read as a JSON pointer: `~1` and `~0` escapes, and array
+    indexes (a parameter declared once and referred to from another operation); a bad index points nowhere."""
+    doc = {
+        "openapi": "3.1.0",
+        "info": {"title": "t", "version": "1"},
+        "paths": {
+            "/items/{id}": {
+                "get": {
+                    "operationId": "get_item",
+                    "parameters": [{"name": "id", "in": "path", "required": True, "schema": {"type": "integer"}}],
+                    "responses": {"200": {"description": "ok"}},
+                },
+                "delete": {
+                    "operationId": "delete_item",
+                    "parameters": [{"$ref": "#/paths/~1items~1%7Bid%7D/get/parameters/0"}],
+                    "responses": {"200": {"description": "ok"}},
+                },
+            },
+            "/notes": {
+                "post": {
+                    "operationId": "add_note",
+                    "requestBody": {
+                        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/%4Eote.body"}}}
+                    },
+                    "responses": {"200": {"description": "ok"}},
+                }
+            },
+        },
+        "components": {"schemas": {"Note.body": {"type": "object", "properties": {"text": {"type": "string"}}}}},
+    }
+    ops = {op.operation_id: op for op in parse_document(doc)}
+    assert ops["delete_item"].parameters[0]["name"] == "id"
+    assert ops["add_note"].body_schema == {"type": "object", "properties": {"text": {"type": "string"}}}
+    for bad in ("/1", "/01", "/-"):
+        doc["paths"]["/items/{id}"]["delete"]["parameters"] = [
+            {"$ref": "#/paths/~1items~1%7Bid%7D/get/parameters" + bad}
+        ]
+        with pytest.raises(AppRegistrationError, match="points nowhere"):
+            parse_document(doc)
