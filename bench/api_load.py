@@ -25,8 +25,8 @@ creating a task (a built-in task ref) and reading it back, over keep-alive conne
 one client key whose rate limits are raised out of the way (600,000 a minute; the limiter still counts every
 request in Redis) and a quota of active tasks the run cannot reach.
 
-`api_bare_rps_ratio`: the API's requests per second over the bare endpoint's at the highest level (the
-target is 0.7). Last line: a JSON object.
+The ratios are taken at the highest level (the target for `api_bare_rps_ratio` is 0.7). Last line: a JSON
+object.
 """
 
 from __future__ import annotations

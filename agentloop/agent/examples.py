@@ -56,9 +56,6 @@ class ExampleBank:
         self.examples = list(examples)
         self.max_chars = max_chars
 
-    def __len__(self) -> int:
-        return len(self.examples)
-
     @classmethod
     def from_oracle(cls, provider: WorldProvider, per_scenario: int, max_chars: int) -> ExampleBank:
         """`per_scenario` solved instances of each train scenario of a procedural world (none for another)."""

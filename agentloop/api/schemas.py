@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
+from functools import cache
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
@@ -28,8 +29,14 @@ class Strict(BaseModel):
         """JSON Schema's integer: 3.0 is one, which a strict int field would refuse ("3" and 3.5 are not)."""
         if not isinstance(data, dict):
             return data
-        ints = {name for name, f in cls.model_fields.items() if f.annotation is int or int in get_args(f.annotation)}
+        ints = _int_fields(cls)
         return {k: int(v) if k in ints and isinstance(v, float) and v.is_integer() else v for k, v in data.items()}
+
+
+@cache
+def _int_fields(model: type[BaseModel]) -> frozenset[str]:
+    """A request model's integer fields (`int`, `int | None`): read once per model, not per request."""
+    return frozenset(n for n, f in model.model_fields.items() if f.annotation is int or int in get_args(f.annotation))
 
 
 class TaskTarget(Strict):

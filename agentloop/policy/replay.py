@@ -43,8 +43,8 @@ class ReplayPolicy:
     def __init__(self, tokenizer: Tokenizer, actions: Sequence[ToolCall], name: str = "replay") -> None:
         self.tokenizer = tokenizer
         self.name = name
-        self._turns = [*(render_action(a) for a in actions), render_action(DONE)]
-        self._encoded = [list(tokenizer.encode(t, add_special_tokens=False)) for t in self._turns]
+        turns = [*(render_action(a) for a in actions), render_action(DONE)]
+        self._encoded = [list(tokenizer.encode(t, add_special_tokens=False)) for t in turns]
         eos = tokenizer.eos_token_id
         self._eos = int(eos[0] if isinstance(eos, list) else eos)
         self._next: dict[str | None, int] = defaultdict(int)
@@ -62,7 +62,7 @@ class ReplayPolicy:
         out = []
         with self._lock:
             for req in requests:
-                turn = min(self._next[req.key], len(self._turns) - 1)  # past the script: complete, again
+                turn = min(self._next[req.key], len(self._encoded) - 1)  # past the script: complete, again
                 self._next[req.key] += 1
                 ids = [*self._encoded[turn][: max(0, req.max_new_tokens - 1)], self._eos]
                 out.append(Generation(ids, None, "stop", self.tokenizer.decode(ids, skip_special_tokens=True)))
