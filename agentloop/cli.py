@@ -751,7 +751,11 @@ def learn(
     cancellation = Cancellation()
     signals = _cancel_on_signals(run_id, cancellation, record=state.is_main_process)
     if not state.is_main_process:
-        raise typer.Exit(0 if run_training(run_id, owner, settings, cancellation=cancellation) == "finished" else 1)
+        try:
+            outcome = run_training(run_id, owner, settings, cancellation=cancellation)
+        finally:
+            state.destroy_process_group()  # else gloo's threads are torn down at exit: the process aborts
+        raise typer.Exit(0 if outcome == "finished" else 1)
     typer.echo(f"training run {run_id}", err=True)
     with session_scope() as s:
         run = s.get(TrainingRun, run_id)
@@ -769,6 +773,8 @@ def learn(
         outcome = run_training(run_id, owner, settings, report=show, cancellation=cancellation)
     except KeyboardInterrupt:  # a second signal: stopped at once (the run is recorded as cancelled)
         outcome = "cancelled"
+    finally:
+        state.destroy_process_group()
     with session_scope() as s:
         run = s.get(TrainingRun, run_id)
         assert run is not None
