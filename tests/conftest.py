@@ -147,8 +147,10 @@ def sqlite_db(tmp_path: Path, configure_env: Callable[..., None]) -> str:
     return url
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def redis_url() -> Iterator[str]:
+    """The test Redis, empty: what an earlier test left there (a killed worker's record, queued messages) is not
+    this test's."""
     import redis
 
     try:
@@ -159,6 +161,7 @@ def redis_url() -> Iterator[str]:
     client.flushdb()  # the test database index (15 by default) belongs to the tests
     yield REDIS_URL
     client.flushdb()
+    client.close()
 
 
 # --- models -----------------------------------------------------------------------------------
