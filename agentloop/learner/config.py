@@ -97,6 +97,13 @@ class LoopConfig:
         default=4, metadata={"help": "expert trajectories (sft) or inspected prefixes (stepagent-implicit) per step"}
     )
     micro_tokens: int = field(default=4096, metadata={"help": "padded tokens per forward/backward (accumulation)"})
+    prompt_gradients: bool = field(
+        default=True,
+        metadata={
+            "help": "sft: gradients through the prompt (the tokens before the first agent turn); off, the prompt"
+            " runs without them: a cheaper backward, and how the prompt is read is not trained"
+        },
+    )
     recovery_share: float = field(
         default=0.0,
         metadata={

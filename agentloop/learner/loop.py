@@ -13,6 +13,7 @@ full (positions x vocabulary) fp32 log-softmax never exists at once.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -117,12 +118,13 @@ def sequence_logprobs(
     chunk: int = 512,
     temperature: float = 1.0,
     target_mask: torch.Tensor | None = None,
+    frozen: int = 0,
 ) -> torch.Tensor:
     """log p(input_ids[:, t+1] | input_ids[:, :t+1]): (B, T-1). Works for a plain causal LM and for a
     PEFT-wrapped one (the output layer is not adapted). With `target_mask` (B, T-1), the output layer
     runs only where it is 1 (the agent's tokens) and other positions are 0: a long prompt costs one
-    decoder pass, not a vocabulary-sized product per position."""
-    hidden = decoder_hidden(model.get_decoder(), input_ids, attention_mask)  # (B, T, H)
+    decoder pass, not a vocabulary-sized product per position. `frozen`: as `decoder_hidden`'s."""
+    hidden = decoder_hidden(model.get_decoder(), input_ids, attention_mask, frozen)  # (B, T, H)
     weight = model.get_output_embeddings().weight  # (V, H)
     hidden, targets = hidden[:, :-1], input_ids[:, 1:]
     if target_mask is None:
@@ -170,26 +172,46 @@ def shared_opening(input_ids: torch.Tensor, attention_mask: torch.Tensor | None)
     return int(same.long().cumprod(dim=0).sum())
 
 
-def decoder_hidden(decoder: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+def decoder_hidden(
+    decoder: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, frozen: int = 0
+) -> torch.Tensor:
     """The decoder's last hidden states. When the rows share an opening, it runs once (batch 1) and every
     row's remainder attends to its keys/values: the same function, so the same values and gradients (they
     flow back through the shared keys/values and add up), at a fraction of the cost when the opening
-    is most of each sequence."""
+    is most of each sequence.
+
+    `frozen`: the first `frozen` positions run without gradients and reach the rest as constant keys and
+    values: the same values, a backward that skips them, and no gradient for how they are read (a
+    different objective; `prompt_gradients`). Ignored where layers are recomputed in backward."""
     B, T = input_ids.shape
     opening = min(shared_opening(input_ids, attention_mask), T - 1) if B > 1 else 0
-    if opening < SHARED_OPENING_MIN_TOKENS or recomputes_layers(decoder):
+    opening = opening if opening >= SHARED_OPENING_MIN_TOKENS else 0
+    frozen = max(0, min(frozen, T - 1))
+    if (opening == 0 and frozen == 0) or recomputes_layers(decoder):
         return decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
     from transformers import DynamicCache
 
     from agentloop.policy.models import output_cache
 
-    first = decoder(input_ids=input_ids[:1, :opening], use_cache=True)
-    kv = [(lay.keys.expand(B, -1, -1, -1), lay.values.expand(B, -1, -1, -1)) for lay in output_cache(first).layers]
     mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
-    rest = decoder(
-        input_ids=input_ids[:, opening:], attention_mask=mask, cache=DynamicCache(ddp_cache_data=kv)
-    ).last_hidden_state
-    return torch.cat([first.last_hidden_state.expand(B, -1, -1), rest], dim=1)
+    cuts = sorted({0, opening, frozen, T})
+    cache, pieces, grad = None, [], torch.is_grad_enabled()
+    for start, end in itertools.pairwise(cuts):
+        alone = end <= opening  # the shared opening: one row for all
+        if not alone and cache is not None and pieces[-1].shape[0] == 1 < B:
+            kv = [(lay.keys.expand(B, -1, -1, -1), lay.values.expand(B, -1, -1, -1)) for lay in cache.layers]
+            cache = DynamicCache(ddp_cache_data=kv)
+        rows = slice(0, 1) if alone else slice(None)
+        with torch.set_grad_enabled(grad and start >= frozen):
+            out = decoder(
+                input_ids=input_ids[rows, start:end],
+                attention_mask=None if alone else mask[:, :end],
+                cache=cache,
+                use_cache=True,
+            )
+        cache = output_cache(out)
+        pieces.append(out.last_hidden_state)
+    return torch.cat([p.expand(B, -1, -1) for p in pieces], dim=1)
 
 
 def recomputes_layers(decoder: Any) -> bool:

@@ -36,11 +36,13 @@ def supervised_steps(
     optimizer: torch.optim.Optimizer | None = None,
     between_steps: Callable[[int], None] | None = None,
     sequence_loss: SequenceLoss | None = None,
+    prompt_gradients: bool = True,
 ) -> list[float]:
     """`steps` AdamW steps of -mean log p(agent tokens); returns the loss of each step. `optimizer`: the
     caller's (a run's, checkpointed with it), else a fresh AdamW at `lr`; `between_steps(n)` after each;
     `sequence_loss(model, batch, chunk)`: each sequence's loss (B,) instead of that mean (StepAgent's greedy
-    reflection adds its pairs to it).
+    reflection adds its pairs to it). `prompt_gradients=False`: that mean with the tokens before a
+    micro-batch's first agent token run without gradients (`prompt_nll`).
 
     A step's sequences go through the model in micro-batches of at most `micro_tokens` tokens run (their
     shared opening counted once, the rest padded; one sequence alone when it is longer), gradients
@@ -58,7 +60,7 @@ def supervised_steps(
         total = 0.0
         for micro in micro_batches(picked, micro_tokens, shared=not recomputes_layers(model.get_decoder())):
             batch = collate(micro, pad_id).to(device)
-            per_seq = (sequence_loss or expert_nll)(model, batch, chunk)
+            per_seq = (sequence_loss or (expert_nll if prompt_gradients else prompt_nll))(model, batch, chunk)
             loss = per_seq.sum() / len(picked)  # this micro-batch's share of the step's mean
             loss.backward()
             total += float(loss.detach())
@@ -75,6 +77,18 @@ def expert_nll(model: Any, batch: Batch, chunk: int) -> torch.Tensor:
     """Each sequence's -mean log p(agent tokens): (B,)."""
     mask = batch.agent_mask
     logp = sequence_logprobs(model, batch.input_ids, batch.attention_mask, chunk, target_mask=mask)
+    return -(logp * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)
+
+
+def prompt_nll(model: Any, batch: Batch, chunk: int) -> torch.Tensor:
+    """`expert_nll` with the prompt frozen: the positions before the micro-batch's first agent token run
+    without gradients, their keys and values constants to the turns after them. Same loss value; the
+    backward skips the prompt (the system prompt, the worked example, the task: most of an expert episode's
+    tokens), and what is trained is how the agent's turns use the prompt, not how the prompt is read."""
+    mask = batch.agent_mask
+    cols = mask.any(dim=0).nonzero()
+    frozen = int(cols[0]) if len(cols) else 0  # hidden state c predicts token c + 1: c keeps its gradient
+    logp = sequence_logprobs(model, batch.input_ids, batch.attention_mask, chunk, target_mask=mask, frozen=frozen)
     return -(logp * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)
 
 
@@ -118,6 +132,7 @@ def run_steps(
         optimizer=trainer.optimizer,
         between_steps=lambda n: trainer.safe_point(f"in iteration {i}, after supervised step {n}"),
         sequence_loss=sequence_loss,
+        prompt_gradients=c.prompt_gradients,
     )
 
 

@@ -247,6 +247,61 @@ def test_shared_opening_gives_the_same_logprobs_and_gradients(tiny_model_dir):
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-6)
 
 
+@pytest.mark.parametrize("frozen", [10, 24, 30])  # inside the shared opening, at its end, past it
+def test_a_frozen_prompt_gives_the_same_values_and_the_gradients_of_constant_prompt_keys(tiny_model_dir, frozen):
+    """`frozen` positions run without gradients: hidden states as without, and LoRA gradients those of each
+    row run on its own with the prompt's keys/values computed under no_grad (not those of the whole graph)."""
+    from transformers import AutoModelForCausalLM, DynamicCache
+
+    from agentloop.learner.config import LoopConfig
+    from agentloop.learner.loop import decoder_hidden, shared_opening
+    from agentloop.learner.model import lora_model
+    from agentloop.policy.models import output_cache
+
+    torch.manual_seed(0)
+    model = lora_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir), LoopConfig(lora_r=4, lora_alpha=8), None)
+    lora = [p for p in model.parameters() if p.requires_grad]
+    for p in lora:
+        p.data.normal_(0, 0.05)
+    decoder = model.get_decoder()
+    ids = torch.randint(0, 1000, (3, 40), generator=torch.Generator().manual_seed(1))
+    ids[:, :24] = ids[0, :24]
+    ids[1, 24], ids[2, 24] = (ids[0, 24] + 1) % 1000, (ids[0, 24] + 2) % 1000
+    mask = torch.ones_like(ids)
+    mask[2, 35:] = 0  # right padding
+    assert shared_opening(ids, mask) == 24
+    probe = torch.randn(3, 40, model.config.hidden_size, generator=torch.Generator().manual_seed(2))
+    probe[:, :frozen] = 0  # a loss on the positions after the prompt only
+    probe *= mask.unsqueeze(-1)
+
+    def grads(hidden):
+        for p in lora:
+            p.grad = None
+        (hidden * probe).sum().backward()
+        return [p.grad.clone() for p in lora]
+
+    whole = decoder_hidden(decoder, ids, mask)
+    g_whole = grads(whole)
+    cut = decoder_hidden(decoder, ids, mask, frozen=frozen)
+    valid = mask.bool()
+    torch.testing.assert_close(cut[valid], whole.detach()[valid], rtol=1e-4, atol=1e-5)
+    g_cut = grads(cut)
+    reference = []
+    for r in range(3):
+        with torch.no_grad():
+            prompt = decoder(input_ids=ids[r : r + 1, :frozen], use_cache=True)
+        rest = decoder(
+            input_ids=ids[r : r + 1, frozen:], attention_mask=mask[r : r + 1], cache=output_cache(prompt)
+        ).last_hidden_state
+        reference.append(torch.cat([prompt.last_hidden_state, rest], dim=1))
+    g_ref = grads(torch.cat(reference))
+    for a, b in zip(g_cut, g_ref, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-5)
+    assert isinstance(output_cache(prompt), DynamicCache)
+    apart = [float((a - b).norm() / b.norm().clamp(min=1e-12)) for a, b in zip(g_cut, g_whole, strict=True)]
+    assert max(apart) > 0.05  # the prompt's own gradient is what freezing leaves out
+
+
 def test_activation_checkpointing_recomputes_layers_and_gives_the_same_gradients(tiny_model_dir):
     from transformers import AutoModelForCausalLM
 

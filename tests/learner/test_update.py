@@ -73,6 +73,32 @@ def test_supervised_micro_batches_match_one_batch(tiny_model_dir):
         torch.testing.assert_close(m_lora[name], value, rtol=1e-4, atol=1e-6)
 
 
+def test_supervised_steps_with_the_prompt_frozen_train_the_lora_weights_on_the_same_loss(tiny_model_dir):
+    """prompt_gradients=False: the first step's loss is the same number (one forward, split), the LoRA weights
+    move, and not as with the prompt's gradients (which it leaves out)."""
+    from agentloop.learner.sft import supervised_steps
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    demos = _rollouts(tok)
+    runs = []
+    for prompt_gradients in (True, False):
+        torch.manual_seed(0)
+        base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+        model = lora_model(base, LoopConfig(lora_r=8, lora_alpha=16), None)
+        before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+        losses = supervised_steps(
+            model, demos, tok.eos_token_id, 3, 1e-3, batch_size=2, prompt_gradients=prompt_gradients
+        )
+        after = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+        runs.append((losses, before, after))
+    (full, _, a_full), (frozen, b_frozen, a_frozen) = runs
+    assert frozen[0] == pytest.approx(full[0], rel=1e-5)
+    assert frozen[-1] < frozen[0]
+    moved = [n for n in a_frozen if not torch.equal(a_frozen[n], b_frozen[n])]
+    assert moved
+    assert any(not torch.allclose(a_frozen[n], a_full[n], rtol=1e-5, atol=1e-7) for n in moved)
+
+
 def test_micro_batches_count_a_shared_opening_once(tiny_model_dir):
     from agentloop.learner.sft import micro_batches
 
