@@ -230,6 +230,7 @@ def bench_settings(args: argparse.Namespace, model: str) -> dict[str, Any]:
     """What makes two arm files comparable: the model, the presets (after `--quick`) and the options."""
     keys = [k for k in args.curve.presets if k != "dev_every"]  # when dev is measured does not change what is trained
     shown = {"prompt_example": args.prompt_example} if args.prompt_example != "fixed" else {}  # (older files: fixed)
+    shown |= {} if args.prompt_gradients else {"prompt_gradients": False}  # (older files: on)
     return {"model": model, **{k: getattr(args, k) for k in [*keys, *OPTIONS]}, **shown}
 
 
@@ -290,6 +291,7 @@ def make_config(algo: str, args: argparse.Namespace, **overrides: Any) -> LoopCo
         **{k: getattr(args, k) for k in CONFIG_FIELDS if getattr(args, k) is not None or k == "dev_limit"},
         micro_batch_size=1,  # a rollout is ~2k tokens: activations of one at a time
         promote=False,  # no gate, no adapter versions: this bench measures dev itself
+        prompt_gradients=args.prompt_gradients,
         **{**preset, **options, **overrides},
     )
 
@@ -970,6 +972,12 @@ def parse_args(argv: list[str] | None = None, curve: Curve | None = None, doc: s
     ap.add_argument("--epochs", type=int, default=None, help="passes of an RL or DPO update (default: learner's)")
     ap.add_argument("--lora-layers", type=int, default=None, help="LoRA on the upper N layers (default 10; 0: all)")
     ap.add_argument("--micro-tokens", type=int, default=None, help="tokens per micro-batch (default 8192)")
+    ap.add_argument(
+        "--no-prompt-gradients",
+        dest="prompt_gradients",
+        action="store_false",
+        help="SFT steps run the prompt without gradients (prompt_gradients; bench/sft_step.py measures the speed)",
+    )
     ap.add_argument("--sft-lr", type=float, default=None, help="learning rate of SFT: warm start, SFT alone")
     ap.add_argument("--stepagent-lr", type=float, default=None, help="learning rate of the StepAgent arms")
     ap.add_argument("--lr", type=float, default=None, help="learning rate of LOOP and LOOP+step")
