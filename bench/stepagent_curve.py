@@ -242,8 +242,10 @@ def arm_settings(settings: dict[str, Any], arm: str) -> dict[str, Any]:
 
 
 def dev_keys(settings: dict[str, Any]) -> tuple[str, ...]:
-    """What a phase's dev figures depend on: DEV_KEYS and a world's own evaluation settings (`per_type`)."""
-    return DEV_KEYS + tuple(k for k in ("per_type",) if k in settings)
+    """What a phase's dev figures depend on: DEV_KEYS, a world's own evaluation settings (`per_type`) and the
+    worked example shown where it is not the fixed one (`prompt_example`): a warm start measured with the
+    fixed example is measured again before a nearest-example arm starts from it."""
+    return DEV_KEYS + tuple(k for k in ("per_type", "prompt_example") if k in settings)
 
 
 def eval_settings(settings: dict[str, Any]) -> dict[str, Any]:
