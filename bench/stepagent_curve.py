@@ -163,6 +163,9 @@ CONFIG_FIELDS = (
 # what base.json's and warm_start.json's dev figures depend on: measured again when one differs (only the
 # agreement when only its settings differ)
 DEV_KEYS = ("model", "seed", "dev_limit", "dev_max_turns", "max_new_tokens")
+# and these where a file records them: a world's own evaluation settings, and the worked example where it is
+# not the fixed one (a warm start measured with the fixed example is measured again for a nearest-example arm)
+OPTIONAL_DEV_KEYS = ("per_type", "prompt_example")
 DEV_FIGURES = ("dev_tgc", "dev_sgc", "dev_tasks", "behaviour", "mean_turns")
 AGREEMENT_KEYS = ("agreement_prefixes", "agreement_metric")
 # how the learner measures agreement: a file measured another way has its agreement measured again
@@ -241,15 +244,8 @@ def arm_settings(settings: dict[str, Any], arm: str) -> dict[str, Any]:
     return {k: v for k, v in settings.items() if k not in others}
 
 
-def dev_keys(settings: dict[str, Any]) -> tuple[str, ...]:
-    """What a phase's dev figures depend on: DEV_KEYS, a world's own evaluation settings (`per_type`) and the
-    worked example shown where it is not the fixed one (`prompt_example`): a warm start measured with the
-    fixed example is measured again before a nearest-example arm starts from it."""
-    return DEV_KEYS + tuple(k for k in ("per_type", "prompt_example") if k in settings)
-
-
 def eval_settings(settings: dict[str, Any]) -> dict[str, Any]:
-    keys = dev_keys(settings) + AGREEMENT_KEYS
+    keys = [k for k in (*DEV_KEYS, *OPTIONAL_DEV_KEYS, *AGREEMENT_KEYS) if k in settings or k not in OPTIONAL_DEV_KEYS]
     return {**{k: settings.get(k) for k in keys}, "agreement_metric": AGREEMENT_METRIC}
 
 
@@ -258,7 +254,7 @@ def stale(found: dict[str, Any], settings: dict[str, Any]) -> str | None:
     old, now = found.get("settings", {}), eval_settings(settings)
     if old == now:
         return None
-    return "agreement" if all(old.get(k) == now[k] for k in dev_keys(settings)) else "dev"
+    return "agreement" if all(old.get(k) == now.get(k) for k in DEV_KEYS + OPTIONAL_DEV_KEYS) else "dev"
 
 
 def command(args: argparse.Namespace) -> str:
