@@ -13,7 +13,7 @@ the built-in world), three layouts side by side:
         [--prompt-example fixed|nearest] [--write-docs]
 
 `--prompt-example nearest`: every episode shows its own nearest solved task (agent/examples.py) instead of
-the one fixed example, so that episodes share only the system prompt's first ~400 tokens.
+the one fixed example, so that episodes share only the system prompt's start (the bench prints how many tokens).
 
 Each layout runs in a process of its own (so that its peak RSS is its own), on the same episodes: a warm-up
 step on one episode, then one timed `supervised_steps` step on all of them; tokens/s = the episodes'
@@ -68,14 +68,11 @@ def child(layout: str, n: int, quick: bool, top_layers: int, micro_tokens: int) 
     config = LoopConfig(lora_layers=top_layers if layout == "fast" else 0)
     model = lora_model(base, config, None)
     micro = micro_tokens if layout == "fast" else WHOLE_MICRO_TOKENS
-    grads = layout != "frozen"
-    pad = tok.eos_token_id
-    # a warm-up step
+    grads, pad = layout != "frozen", tok.eos_token_id
+    # a warm-up step, then the timed one
     supervised_steps(model, demos[:1], pad, 1, 1e-4, batch_size=1, micro_tokens=micro, prompt_gradients=grads)
     t0 = time.perf_counter()
-    supervised_steps(
-        model, demos, tok.eos_token_id, 1, 1e-4, batch_size=len(demos), micro_tokens=micro, prompt_gradients=grads
-    )
+    supervised_steps(model, demos, pad, 1, 1e-4, batch_size=len(demos), micro_tokens=micro, prompt_gradients=grads)
     seconds = time.perf_counter() - t0
     tokens = [len(r.token_ids) for r in demos]
     groups = micro_batches(demos, micro)

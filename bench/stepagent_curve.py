@@ -245,7 +245,7 @@ def arm_settings(settings: dict[str, Any], arm: str) -> dict[str, Any]:
 
 
 def eval_settings(settings: dict[str, Any]) -> dict[str, Any]:
-    keys = [k for k in (*DEV_KEYS, *OPTIONAL_DEV_KEYS, *AGREEMENT_KEYS) if k in settings or k not in OPTIONAL_DEV_KEYS]
+    keys = [*DEV_KEYS, *(k for k in OPTIONAL_DEV_KEYS if k in settings), *AGREEMENT_KEYS]
     return {**{k: settings.get(k) for k in keys}, "agreement_metric": AGREEMENT_METRIC}
 
 
