@@ -166,7 +166,7 @@ DEV_KEYS = ("model", "seed", "dev_limit", "dev_max_turns", "max_new_tokens")
 # and these where a file records them: a world's own evaluation settings, and the worked example where it is
 # not the fixed one (a warm start measured with the fixed example is measured again for a nearest-example arm)
 OPTIONAL_DEV_KEYS = ("per_type", "prompt_example")
-DEV_FIGURES = ("dev_tgc", "dev_sgc", "dev_tasks", "behaviour", "mean_turns")
+DEV_FIGURES = ("dev_tgc", "dev_sgc", "dev_tasks", "dev_solved", "behaviour", "mean_turns")
 AGREEMENT_KEYS = ("agreement_prefixes", "agreement_metric")
 # how the learner measures agreement: a file measured another way has its agreement measured again
 AGREEMENT_METRIC = "greedy = expert tokens, teacher-forced over whole dev oracle episodes"
@@ -338,12 +338,13 @@ def with_dev_tasks(trainer: Trainer) -> None:
 
 
 def dev_figures(trainer: Trainer, args: argparse.Namespace) -> dict[str, Any]:
-    """The built-in world's: greedy dev TGC / SGC over the dev tasks, and behaviour."""
+    """The built-in world's: greedy dev TGC / SGC over the dev tasks, the tasks solved, and behaviour."""
     summary = trainer.dev_summary()
     return {
         "dev_tgc": summary["tgc"],
         "dev_sgc": summary["sgc"],
         "dev_tasks": summary["tasks"],
+        "dev_solved": summary["solved"],
         "behaviour": summary["behaviour"],
         "mean_turns": summary.get("mean_turns"),
     }

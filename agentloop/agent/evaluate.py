@@ -174,7 +174,8 @@ def _scenario_block(results: Sequence[EpisodeResult]) -> dict[str, Any]:
 
 def summarize(results: Sequence[EpisodeResult]) -> dict[str, Any]:
     """Overall, per split, per difficulty and per scenario (a ScienceWorld task type; over evaluated episodes
-    only), plus how episodes ended and how many could not be evaluated (`errors`)."""
+    only), plus how episodes ended, how many could not be evaluated (`errors`) and which tasks were solved
+    (`solved`: the refs of tasks that at least one of their episodes passed, sorted)."""
     by_split: dict[str, list[EpisodeResult]] = defaultdict(list)
     by_difficulty: dict[int, list[EpisodeResult]] = defaultdict(list)
     by_scenario: dict[str, list[EpisodeResult]] = defaultdict(list)
@@ -193,6 +194,7 @@ def summarize(results: Sequence[EpisodeResult]) -> dict[str, Any]:
         "difficulty": {str(d): _block(rs) for d, rs in sorted(by_difficulty.items())},
         "by_scenario": {sc: _scenario_block(rs) for sc, rs in sorted(by_scenario.items())},
         "finish_reasons": dict(sorted(finish.items())),
+        "solved": sorted({r.task.task_ref for r in evaluated if r.success}),
         "mean_turns": round(sum(len(r.episode.turns) for r in results) / len(results), 2) if results else 0.0,
         "tokens_generated": sum(r.episode.tokens_generated for r in results),
         "behaviour": behaviour([r.episode.turns for r in results]),

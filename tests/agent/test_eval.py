@@ -32,6 +32,7 @@ def test_oracle_tgc_is_100_on_every_split(split, tokenizer):
         (r.task.task_ref, r.verdict.to_dict()) for r in results if not r.success
     ]
     assert summary["splits"] == {split: summary["splits"][split]} and summary["tasks"] == len(BUILTIN.tasks(split))
+    assert summary["solved"] == sorted(t.task_ref for t in world_tasks(BUILTIN, split))
 
 
 def test_random_policy_solves_about_nothing(tokenizer):
@@ -56,6 +57,7 @@ def test_sgc_needs_every_task_of_a_scenario(tokenizer):
     summary = summarize(run_eval(policy, tasks, k=1, limits=Limits(), batch_size=8, prepare=sabotage))
     assert summary["tgc"] == pytest.approx(100 * 5 / 6, abs=0.01)
     assert summary["sgc"] == 50.0
+    assert summary["solved"] == sorted(t.task_ref for t in tasks if t.task_ref != tasks[1].task_ref)
 
 
 def test_policy_specs():
