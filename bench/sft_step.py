@@ -1,5 +1,5 @@
 """Speed and memory of one supervised step on real oracle episodes (fresh `<scenario>@<seed>` train tasks of
-the built-in world), three layouts side by side:
+the built-in world), four layouts side by side:
 
 * whole: LoRA on every decoder layer, micro-batches of at most 4096 padded tokens (the learner's defaults);
   an episode of ~2500 tokens then goes through alone, its shared opening run once per episode;
@@ -7,7 +7,10 @@ the built-in world), three layouts side by side:
   gradients), micro-batches of `--micro-tokens` tokens counting the episodes' shared opening (the system
   prompt and worked example, ~1000 tokens) once;
 * frozen: the whole layout with `prompt_gradients` off: the tokens before the first agent turn run without
-  gradients (the same loss; the backward skips the prompt and does not train how it is read).
+  gradients (the same loss; the backward skips the prompt and does not train how it is read);
+* greedy: the whole layout with StepAgent's greedy-inspection loss (`greedy_dpo_loss`: the SFT anchor plus
+  step-level DPO where the greedy token leaves the expert's, reference = the weights as they are), which
+  `stepagent-greedy` runs in place of SFT's: the same passes plus an argmax over the vocabulary.
 
     python bench/sft_step.py [--quick] [--episodes N] [--top-layers K] [--micro-tokens T]
         [--prompt-example fixed|nearest] [--write-docs]
@@ -18,12 +21,13 @@ the one fixed example, so that episodes share only the system prompt's start (th
 Each layout runs in a process of its own (so that its peak RSS is its own), on the same episodes: a warm-up
 step on one episode, then one timed `supervised_steps` step on all of them; tokens/s = the episodes'
 tokens / that step's seconds. Last line: a JSON object with `whole_tps`, `fast_tps`, `frozen_tps`,
-`fast_whole_ratio` and `frozen_whole_ratio`.
+`greedy_tps`, `fast_whole_ratio`, `frozen_whole_ratio` and `greedy_whole_ratio`.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import random
@@ -41,13 +45,21 @@ from agentloop.learner.experts import expert_rollouts
 from agentloop.learner.loop import shared_opening
 from agentloop.learner.model import lora_model
 from agentloop.learner.sft import micro_batches, supervised_steps
+from agentloop.learner.stepagent_trainer import greedy_dpo_loss
 from agentloop.learner.task_source import TaskSource
+from agentloop.learner.update import Batch
 from agentloop.policy.models import resolve_model_dir
 from agentloop.settings import get_settings
 
 from report import emit, machine, write_section
 
 WHOLE_MICRO_TOKENS = 4096
+LAYOUTS = ("whole", "fast", "frozen", "greedy")
+
+
+def greedy_loss(model: Any, batch: Batch, chunk: int) -> torch.Tensor:
+    """stepagent-greedy's per-sequence loss with the settings its runs use (beta 1, anchor 1, cycle reference)."""
+    return greedy_dpo_loss(model, batch, chunk, beta=1.0, anchor_weight=1.0, reference="cycle")
 
 
 def episodes(tokenizer: Any, n: int, quick: bool) -> list[Any]:
@@ -69,10 +81,12 @@ def child(layout: str, n: int, quick: bool, top_layers: int, micro_tokens: int) 
     model = lora_model(base, config, None)
     micro = micro_tokens if layout == "fast" else WHOLE_MICRO_TOKENS
     grads, pad = layout != "frozen", tok.eos_token_id
+    loss = greedy_loss if layout == "greedy" else None
+    step = functools.partial(supervised_steps, micro_tokens=micro, prompt_gradients=grads, sequence_loss=loss)
     # a warm-up step, then the timed one
-    supervised_steps(model, demos[:1], pad, 1, 1e-4, batch_size=1, micro_tokens=micro, prompt_gradients=grads)
+    step(model, demos[:1], pad, 1, 1e-4, batch_size=1)
     t0 = time.perf_counter()
-    supervised_steps(model, demos, pad, 1, 1e-4, batch_size=len(demos), micro_tokens=micro, prompt_gradients=grads)
+    step(model, demos, pad, 1, 1e-4, batch_size=len(demos))
     seconds = time.perf_counter() - t0
     tokens = [len(r.token_ids) for r in demos]
     groups = micro_batches(demos, micro)
@@ -106,7 +120,7 @@ def main() -> None:
         default="fixed",
         help="the worked example each episode shows (AGENTLOOP_PROMPT_EXAMPLE; agent/examples.py)",
     )
-    ap.add_argument("--child", choices=("whole", "fast", "frozen"), help=argparse.SUPPRESS)
+    ap.add_argument("--child", choices=LAYOUTS, help=argparse.SUPPRESS)
     ap.add_argument("--write-docs", action="store_true", help="update docs/benchmarks.md")
     args = ap.parse_args()
     if args.quick:
@@ -124,9 +138,7 @@ def main() -> None:
     ids = [r.token_ids[: min(len(r.token_ids) for r in demos)] for r in demos]
     opening = shared_opening(torch.tensor(ids), None)
     print(f"episodes of {[len(r.token_ids) for r in demos]} tokens, {opening} shared", file=sys.stderr)
-    whole = run_child("whole", args)
-    fast = run_child("fast", args)
-    frozen = run_child("frozen", args)
+    whole, fast, frozen, greedy = (run_child(layout, args) for layout in LAYOUTS)
     result = {
         "prompt_example": args.prompt_example,
         "episodes_tokens": whole["tokens"],
@@ -136,11 +148,14 @@ def main() -> None:
         "whole_tps": whole["tps"],
         "fast_tps": fast["tps"],
         "frozen_tps": frozen["tps"],
+        "greedy_tps": greedy["tps"],
         "fast_whole_ratio": round(fast["tps"] / whole["tps"], 3),
         "frozen_whole_ratio": round(frozen["tps"] / whole["tps"], 3),
+        "greedy_whole_ratio": round(greedy["tps"] / whole["tps"], 3),
         "whole_peak_rss_mb": whole["peak_rss_mb"],
         "fast_peak_rss_mb": fast["peak_rss_mb"],
         "frozen_peak_rss_mb": frozen["peak_rss_mb"],
+        "greedy_peak_rss_mb": greedy["peak_rss_mb"],
         "whole_micro_batches": whole["micro_batches"],
         "fast_micro_batches": fast["micro_batches"],
     }
@@ -163,8 +178,11 @@ def main() -> None:
             f"micro-batch, the shared opening counted once | {fast['micro_batches']} | {fast['tps']} | "
             f"{fast['peak_rss_mb']} |\n"
             f"| frozen: the whole layout, the prompt without gradients (`prompt_gradients` off) | "
-            f"{frozen['micro_batches']} | {frozen['tps']} | {frozen['peak_rss_mb']} |\n\n"
+            f"{frozen['micro_batches']} | {frozen['tps']} | {frozen['peak_rss_mb']} |\n"
+            f"| greedy: the whole layout with stepagent-greedy's loss (`greedy_dpo_loss`, cycle reference) | "
+            f"{greedy['micro_batches']} | {greedy['tps']} | {greedy['peak_rss_mb']} |\n\n"
             f"Speedup fast / whole: {result['fast_whole_ratio']}x, frozen / whole: {result['frozen_whole_ratio']}x, "
+            f"greedy / whole: {result['greedy_whole_ratio']}x, "
             "measured one after the other in one run. "
             "Both layouts profit from the prompt's opening being the same for every task (before, the persona "
             "named the task's person on the first line and the system prompt listed the task's apps: episodes "
