@@ -25,9 +25,10 @@ stepagent-greedy (stepagent-implicit with `inspection: greedy`: pairs where the 
 expert's, read from SFT's own pass), stepagent-irl, loop, loop+step. An arm whose file records a finished run
 with the same settings (the model, the presets, the seed and SFT lr, and that arm's own options: another
 arm's lr or beta does not count) is skipped (`--rerun` runs it again). `--extend` with a larger `--budget-s`
-continues such an arm from its saved adapter (cycles kept, a fresh optimizer). `--start-only` makes base.json
-and the warm start, no arm; `--merge` trains nothing; every run ends by building the table and the PNG from
-every arm file in DIR.
+continues such an arm from its saved adapter and optimizer state (cycles kept; AdamW's moments are saved as
+`optimizer.pt` beside the adapter, and an adapter saved without them goes on with a fresh optimizer).
+`--start-only` makes base.json and the warm start, no arm; `--merge` trains nothing; every run ends by
+building the table and the PNG from every arm file in DIR.
 
 Budget: an arm's "train seconds" are the wall time of `Trainer.iteration` (one cycle: drawing experts or
 rollouts, inspection, the update), less the agreement measurement the learner makes inside it. A cycle
@@ -78,6 +79,7 @@ from report import emit, machine, write_section
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_PLOT = ROOT / "docs" / "stepagent_curve.png"
 SECTION = "stepagent_curve"
+OPTIMIZER_FILE = "optimizer.pt"  # AdamW's state beside an arm's adapter, for --extend
 
 ARMS = ("sft", "sft-recovery", "stepagent-implicit", "stepagent-greedy", "stepagent-irl", "loop", "loop+step")
 # their gain is over SFT alone's
@@ -521,8 +523,8 @@ def train_arm(
 ) -> dict[str, Any]:
     """One arm from the warm-start adapter for the budget; DIR/<arm>.json rewritten after every cycle. With
     `extend` (the arm's file from an earlier sitting, trained for a smaller budget) the arm goes on from its
-    saved adapter with its cycles kept, up to the new budget; the optimizer starts afresh (AdamW's moments are
-    not saved with an adapter), which the file records under "extended"."""
+    saved adapter and optimizer state with its cycles kept, up to the new budget (an adapter saved without its
+    optimizer state goes on with a fresh optimizer); the file records each extension under "extended"."""
     config = make_config(arm, args)  # SFT alone: the warm start's config, continued
     if extend is None:
         shutil.rmtree(results / "homes" / arm, ignore_errors=True)  # a rerun starts from an empty database
@@ -543,7 +545,9 @@ def train_arm(
     first, train_s, eval_s, agreement_s = 0, 0.0, 0.0, 0.0
     if extend is not None:
         first, train_s, eval_s = int(extend["cycles"]), float(extend["train_s"]), float(extend.get("eval_s", 0.0))
-        history = [*extend.get("extended", []), {"at_cycle": first, "at_train_s": train_s, **stamp(args)}]
+        resumed = resume_optimizer(trainer, arm_adapter(results, arm))
+        history = [*extend.get("extended", []), {"at_cycle": first, "at_train_s": train_s, "optimizer": resumed}]
+        history[-1].update(stamp(args))
         record.update(points=extend["points"], extended=history, at=extend["at"], command=extend["command"])
     path = arm_path(results, arm)
     for i in range(first, args.max_cycles):
@@ -564,6 +568,7 @@ def train_arm(
             f"{point['agreement']} %" + (f", {headline_figure(args, point)}" if "eval_s" in point else "")
         )
     trainer.model.save_pretrained(arm_adapter(results, arm))  # what the end's dev evaluation measures
+    torch.save(trainer.optimizer.state_dict(), arm_adapter(results, arm) / OPTIMIZER_FILE)  # for an --extend
     record.update(trained=True, train_s=round(train_s, 1), eval_s=round(eval_s + agreement_s, 1))
     write_json(path, record)
     if args.defer_eval:
@@ -584,6 +589,16 @@ def extendable(done: dict[str, Any], settings: dict[str, Any], arm: str, args: a
 
 def arm_adapter(results: Path, arm: str) -> Path:
     return results / "adapters" / arm
+
+
+def resume_optimizer(trainer: Trainer, adapter: Path) -> str:
+    """AdamW's moments as the arm's last sitting left them, if it saved them: "resumed", else "fresh"."""
+    path = adapter / OPTIMIZER_FILE
+    if not path.exists():
+        progress(f"{adapter}: no {OPTIMIZER_FILE}, the extension starts with a fresh optimizer")
+        return "fresh"
+    trainer.optimizer.load_state_dict(torch.load(path, weights_only=True))
+    return "resumed"
 
 
 def evaluate_arm(
