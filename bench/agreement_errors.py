@@ -3,7 +3,7 @@
 it has not seen), for the base model and each adapter given.
 
     python bench/agreement_errors.py [--adapter LABEL=DIR ...] [--no-base] [--tasks N] [--quick] [--json]
-        [--write-docs]
+        [--prompt-example fixed|nearest] [--write-docs]
 
 Every expert episode (the oracle's calls played through the real episode loop, as the learner's agreement
 measures them) is run once teacher-forced; at each step the greedy action equals the expert's iff the most
@@ -17,13 +17,15 @@ is an episode the agent would replay exactly under greedy decoding.
 
 The gap between the two task sets separates what training has not fitted (train instances) from what does
 not transfer to unseen scenarios (dev). Last line: a JSON object with each model's per-set agreement and
-first-divergence counts.
+first-divergence counts. `--prompt-example nearest`: every episode shows its own nearest solved task
+(agent/examples.py), as adapters trained that way were, instead of the world's one fixed example.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import shlex
 import sys
@@ -166,15 +168,18 @@ def load(model_dir: Path, adapter: Path | None) -> Any:
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     if adapter is not None:
         model = PeftModel.from_pretrained(model, str(adapter))
     return model.eval()
 
 
 def docs_section(result: dict[str, Any], cmd: str) -> str:
+    nearest = result["prompt_example"] == "nearest"
     lines = [
-        "## Where greedy actions leave the expert's (`bench/agreement_errors.py`)",
+        "## Where greedy actions leave the expert's"
+        + (", nearest worked examples" if nearest else "")
+        + " (`bench/agreement_errors.py`)",
         "",
         f"`{cmd}`",
         "",
@@ -182,7 +187,12 @@ def docs_section(result: dict[str, Any], cmd: str) -> str:
         "of the 51 dev tasks, spread over them (dev scenarios: no train task uses them), and on "
         f"{result['train_tasks']} fresh instances of train scenarios (seeds no bench trains on), teacher-forced. A "
         "step counts as agreed when the greedy action is the expert's token for token; an episode when all its "
-        "steps are.",
+        "steps are."
+        + (
+            " Every episode shows its own nearest solved task as its worked example (agent/examples.py)."
+            if nearest
+            else ""
+        ),
         "",
         "| model | set | steps | agreement % | episodes all agreed % | first divergence (steps) |",
         "|---|---|---|---|---|---|",
@@ -206,8 +216,15 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="a smoke run: 2 tasks of each set, the base model")
     ap.add_argument("--model", default=None, help="model name or directory (default: AGENTLOOP_MODEL)")
     ap.add_argument("--json", action="store_true", help="print only the JSON object")
+    ap.add_argument(
+        "--prompt-example",
+        choices=("fixed", "nearest"),
+        default="fixed",
+        help="the worked example each episode shows (AGENTLOOP_PROMPT_EXAMPLE; agent/examples.py)",
+    )
     ap.add_argument("--write-docs", action="store_true", help="update docs/benchmarks.md's agreement_errors section")
     args = ap.parse_args()
+    os.environ["AGENTLOOP_PROMPT_EXAMPLE"] = args.prompt_example  # before the settings are first read
     models = models_to_measure(ap, args.adapter, base=not args.no_base)
     if not models:
         ap.error("nothing to measure: --no-base and no --adapter")
@@ -225,6 +242,7 @@ def main() -> None:
         "dev_tasks": len(sets["dev"]),
         "train_tasks": len(sets["train instances"]),
         "quick": args.quick,
+        "prompt_example": args.prompt_example,
         "models": {},
     }
     for label, adapter in models:
@@ -241,7 +259,8 @@ def main() -> None:
         del model
     if args.write_docs:
         shown = [a for a in sys.argv[1:] if a not in ("--write-docs", "--json")]
-        write_section(SECTION, docs_section(result, "python bench/agreement_errors.py " + shlex.join(shown)))
+        section = SECTION + ("_nearest" if args.prompt_example == "nearest" else "")  # the fixed runs' table stays
+        write_section(section, docs_section(result, "python bench/agreement_errors.py " + shlex.join(shown)))
     emit(result)
 
 
