@@ -67,6 +67,7 @@ from typing import Any
 import torch
 from learning_curve import new_run, use_home
 
+from agentloop.learner.checkpoint import write_atomically
 from agentloop.learner.config import LoopConfig
 from agentloop.learner.model import lora_model
 from agentloop.learner.run import AgentTrainer
@@ -546,8 +547,8 @@ def train_arm(
     if extend is not None:
         first, train_s, eval_s = int(extend["cycles"]), float(extend["train_s"]), float(extend.get("eval_s", 0.0))
         resumed = resume_optimizer(trainer, arm_adapter(results, arm))
-        history = [*extend.get("extended", []), {"at_cycle": first, "at_train_s": train_s, "optimizer": resumed}]
-        history[-1].update(stamp(args))
+        here = {"at_cycle": first, "at_train_s": train_s, "optimizer": resumed, **stamp(args)}
+        history = [*extend.get("extended", []), here]
         record.update(points=extend["points"], extended=history, at=extend["at"], command=extend["command"])
     path = arm_path(results, arm)
     for i in range(first, args.max_cycles):
@@ -567,8 +568,7 @@ def train_arm(
             f"{arm} cycle {i}: {took:.1f} s, train {train_s:.0f}/{args.budget_s:g} s, agreement "
             f"{point['agreement']} %" + (f", {headline_figure(args, point)}" if "eval_s" in point else "")
         )
-    trainer.model.save_pretrained(arm_adapter(results, arm))  # what the end's dev evaluation measures
-    torch.save(trainer.optimizer.state_dict(), arm_adapter(results, arm) / OPTIMIZER_FILE)  # for an --extend
+    save_arm(trainer, arm_adapter(results, arm))  # what the end's dev evaluation measures
     record.update(trained=True, train_s=round(train_s, 1), eval_s=round(eval_s + agreement_s, 1))
     write_json(path, record)
     if args.defer_eval:
@@ -589,6 +589,16 @@ def extendable(done: dict[str, Any], settings: dict[str, Any], arm: str, args: a
 
 def arm_adapter(results: Path, arm: str) -> Path:
     return results / "adapters" / arm
+
+
+def save_arm(trainer: Trainer, adapter: Path) -> None:
+    """The adapter and AdamW's state (for an --extend) together, replacing the last ones in one rename."""
+
+    def write(tmp: Path) -> None:
+        trainer.model.save_pretrained(tmp)
+        torch.save(trainer.optimizer.state_dict(), tmp / OPTIMIZER_FILE)
+
+    write_atomically(adapter, write)
 
 
 def resume_optimizer(trainer: Trainer, adapter: Path) -> str:
