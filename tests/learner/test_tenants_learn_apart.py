@@ -91,11 +91,16 @@ def test_each_tenant_trains_on_its_own_feedback_and_is_served_its_own_adapter_in
     registry.worlds()["lights"] = EvenLights()
     tok = AutoTokenizer.from_pretrained(lights_model_dir)
     policy = LocalPolicy(AutoModelForCausalLM.from_pretrained(lights_model_dir), tok, "m", seed=0)
-    asks = [f"Lights please ({i})." for i in range(12)]
-    served = {tenant: [serve(policy, tenant, instruction=ask)[1] for ask in asks] for tenant in ("a", "b")}
-    # the warm start turns the lights on now and then: tenant a rewards exactly that, b rates every episode alike
-    a_actions = [action_of(e) for e in served["a"]]
-    assert "turn_on" in a_actions and "turn_off" in a_actions, a_actions  # the seed's samples hold both
+    # the warm start, asked what it was trained on, turns the lights on now and then (about one sample in six at
+    # temperature 1; how often, and which samples, differs from one CPU's arithmetic to another's): tenant a is
+    # served until its samples hold each action twice, and rewards turning them on; b rates every episode alike
+    served: dict[str, list[str]] = {"a": [], "b": []}
+    a_actions: list[str | None] = []
+    while min(a_actions.count("turn_on"), a_actions.count("turn_off")) < 2:
+        assert len(a_actions) < 60, a_actions
+        served["a"].append(serve(policy, "a")[1])
+        a_actions.append(action_of(served["a"][-1]))
+    served["b"] = [serve(policy, "b")[1] for _ in served["a"]]
     with session_scope() as s:
         task_of = {ep.id: ep.task_id for ep in s.scalars(sa.select(Episode))}
     for ep_id, action in zip(served["a"], a_actions, strict=True):
@@ -122,7 +127,7 @@ def test_each_tenant_trains_on_its_own_feedback_and_is_served_its_own_adapter_in
     b_metrics, b_name, b_path, b_read = train_and_save(config, lights_model_dir, "b")
     assert a_read == {"tenants": ["a"], "episodes": sorted(served["a"])}
     assert b_read == {"tenants": ["b"], "episodes": sorted(served["b"])}
-    assert a_metrics["logged/feedback_used"] == b_metrics["logged/feedback_used"] == len(asks)
+    assert a_metrics["logged/feedback_used"] == b_metrics["logged/feedback_used"] == len(served["a"])
 
     base = AutoModelForCausalLM.from_pretrained(lights_model_dir).eval()
     on = [seq for seq, act in zip(sequences(served["a"]), a_actions, strict=True) if act == "turn_on"]
