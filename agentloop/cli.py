@@ -751,10 +751,12 @@ def learn(
     cancellation = Cancellation()
     signals = _cancel_on_signals(run_id, cancellation, record=state.is_main_process)
     if not state.is_main_process:
+        returned = False
         try:
             outcome = run_training(run_id, owner, settings, cancellation=cancellation)
+            returned = True
         finally:
-            state.destroy_process_group()  # else gloo's threads are torn down at exit: the process aborts
+            _leave_process_group(state, returned)
         raise typer.Exit(0 if outcome == "finished" else 1)
     typer.echo(f"training run {run_id}", err=True)
     with session_scope() as s:
@@ -769,12 +771,14 @@ def learn(
         else:
             typer.echo(" ".join(f"{k}={v}" for k, v in progress.items()), err=True)
 
+    returned = False
     try:
         outcome = run_training(run_id, owner, settings, report=show, cancellation=cancellation)
+        returned = True
     except KeyboardInterrupt:  # a second signal: stopped at once (the run is recorded as cancelled)
         outcome = "cancelled"
     finally:
-        state.destroy_process_group()
+        _leave_process_group(state, returned)
     with session_scope() as s:
         run = s.get(TrainingRun, run_id)
         assert run is not None
@@ -783,6 +787,16 @@ def learn(
         typer.echo(f"resume it with: agentloop learn --resume {run_id}", err=True)
         raise typer.Exit(128 + signals[0])
     raise typer.Exit(0 if outcome == "finished" else 1)
+
+
+def _leave_process_group(state: Any, returned: bool) -> None:
+    """Destroy the process group before exit (else gloo's threads are torn down at interpreter exit and the
+    process aborts). A run that returned first meets its peers at a barrier: a rank whose last iteration had
+    no update to join may finish while rank 0 still saves and records, and tearing the group down under a
+    peer aborts it. A run that raised or was stopped at once skips the barrier: its peers may be gone."""
+    if returned and state.num_processes > 1:
+        state.wait_for_everyone()
+    state.destroy_process_group()
 
 
 def _cancel_on_signals(run_id: str, cancellation: Cancellation, record: bool) -> list[int]:
