@@ -3,9 +3,9 @@ base model, SFT on gold paths, SFT -> StepAgent, SFT -> LOOP and SFT -> LOOP+ste
 budget after one shared SFT warm start. The phases, their files under --results, the budget and the flags are
 bench/stepagent_curve.py's (see there); only the world, the task types and what a point measures differ.
 
-    python bench/scienceworld_curve.py [--quick] [--results DIR] [--arms sft,stepagent-greedy,loop,loop+step]
-        [--start-only] [--merge] [--defer-eval] [--budget-s S] [--warm-start-s S] [--dev-every N] [--json]
-        [--write-docs]
+    python bench/scienceworld_curve.py [--quick] [--results DIR]
+        [--arms sft,stepagent-greedy,loop,loop+step,loop+expert] [--start-only] [--merge] [--defer-eval]
+        [--budget-s S] [--warm-start-s S] [--dev-every N] [--json] [--write-docs]
 
 Task types (TYPES): the eight whose gold path (of the first train variation) takes at most 11 commands: finding
 a plant, an animal, a living or a non-living thing and focusing on it; naming the longest- or shortest-lived of
@@ -58,7 +58,7 @@ TYPES = (
     "lifespan-shortest-lived",
     "power-component",
 )
-ARMS = ("sft", "stepagent-greedy", "loop", "loop+step")
+ARMS = ("sft", "stepagent-greedy", "loop", "loop+step", "loop+expert")
 SETS = {"seen": "dev", "unseen": "test"}
 # ETO (Song et al., 2024), ScienceWorld average reward x 100, Llama-2-7B-Chat, all 30 task types
 PUBLISHED = (("SFT (Llama-2-7B-Chat)", 67.4, 53.0), ("ETO (Llama-2-7B-Chat)", 73.8, 65.0))

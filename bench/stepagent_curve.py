@@ -22,11 +22,13 @@ Arms (`--arms`, run in the order given): sft (SFT alone: more supervised cycles)
 half of each cycle's experts replayed as recoveries: the agent's own greedy mistake at one of their steps, the
 world's answer, then the expert's calls; learner/recovery.py), stepagent-implicit,
 stepagent-greedy (stepagent-implicit with `inspection: greedy`: pairs where the greedy action leaves the
-expert's, read from SFT's own pass), stepagent-irl, loop, loop+step. An arm whose file records a finished run
-with the same settings (the model, the presets, the seed and SFT lr, and that arm's own options: another
-arm's lr or beta does not count) is skipped (`--rerun` runs it again). `--extend` with a larger `--budget-s`
-continues such an arm from its saved adapter and optimizer state (cycles kept; AdamW's moments are saved as
-`optimizer.pt` beside the adapter, and an adapter saved without them goes on with a fresh optimizer).
+expert's, read from SFT's own pass), stepagent-irl, loop, loop+step, loop+expert (LOOP with each group's task's
+expert trajectory, scored by the world, as one more sample of the group: LoopConfig.expert_in_group). An arm
+whose file records a finished run with the same settings (the model, the presets, the seed and SFT lr, and that
+arm's own options: another arm's lr or beta does not count) is skipped (`--rerun` runs it again). `--extend` with
+a larger `--budget-s` continues such an arm from its saved adapter and optimizer state (cycles kept; AdamW's
+moments are saved as `optimizer.pt` beside the adapter, which the repository ignores: an adapter saved without
+them, or checked out without them, goes on with a fresh optimizer, recorded per extension).
 `--start-only` makes base.json and the warm start, no arm; `--merge` trains nothing; every run ends by
 building the table and the PNG from every arm file in DIR.
 
@@ -82,7 +84,16 @@ DEFAULT_PLOT = ROOT / "docs" / "stepagent_curve.png"
 SECTION = "stepagent_curve"
 OPTIMIZER_FILE = "optimizer.pt"  # AdamW's state beside an arm's adapter, for --extend
 
-ARMS = ("sft", "sft-recovery", "stepagent-implicit", "stepagent-greedy", "stepagent-irl", "loop", "loop+step")
+ARMS = (
+    "sft",
+    "sft-recovery",
+    "stepagent-implicit",
+    "stepagent-greedy",
+    "stepagent-irl",
+    "loop",
+    "loop+step",
+    "loop+expert",
+)
 # their gain is over SFT alone's
 STEP_REWARD_ARMS = ("stepagent-implicit", "stepagent-greedy", "stepagent-irl", "loop+step")
 LABELS = {
@@ -93,6 +104,7 @@ LABELS = {
     "stepagent-irl": "StepAgent (inverse RL)",
     "loop": "LOOP",
     "loop+step": "LOOP + step rewards",
+    "loop+expert": "LOOP with the expert in each group",
 }
 
 # (full run, --quick); None in a flag means "take the preset". The full run fits a 2-core CPU: a cycle is
@@ -137,6 +149,8 @@ ARM_ALGOS: dict[str, tuple[str, dict[str, Any]]] = {
     "stepagent-greedy": ("stepagent-implicit", {"inspection": "greedy"}),
     # half of each cycle's experts replayed with the agent's own greedy mistake at one step (learner/recovery.py)
     "sft-recovery": ("sft", {"recovery_share": 0.5}),
+    # each rollout group has its task's expert trajectory as one more sample, scored by the world (rl.py)
+    "loop+expert": ("loop", {"expert_in_group": True}),
 }
 # the options that shape one arm only: its file is comparable with another run's whatever the others say
 ARM_OPTIONS = {
@@ -145,6 +159,7 @@ ARM_OPTIONS = {
     "stepagent-irl": ("stepagent_lr", "irl_anchor"),
     "loop": ("lr",),
     "loop+step": ("lr", "step_omega"),
+    "loop+expert": ("lr",),
 }
 CONFIG_FIELDS = (
     "dev_limit",
@@ -188,6 +203,8 @@ METRICS = {
     "recovery/kept": "recovery_kept",
     "recovery/errors": "recovery_errors",
     "recovery/agent_agreed": "recovery_agent_agreed",
+    "expert/joined": "expert_joined",
+    "expert/reward_mean": "expert_reward_mean",
 }
 ITERATION_TIME_KEY = "perf/iteration_s"  # the learner's time for the algorithm's part of `iteration`
 

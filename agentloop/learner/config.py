@@ -61,6 +61,14 @@ class LoopConfig:
     # --- advantages
     std_normalise: bool = field(default=False, metadata={"help": "divide advantages by the group's reward std"})
     adv_threshold: float = field(default=0.01, metadata={"help": "drop rollouts with |A| below this"})
+    expert_in_group: bool = field(
+        default=False,
+        metadata={
+            "help": "loop, loop+step, grpo, reinforce: each sampled task's expert trajectory (its oracle, where it"
+            " has one), played and scored by the world's evaluator, joins the task's group as one more sample, its"
+            " pi_old the learner's own: a group whose rollouts all earned the same reward still has advantages"
+        },
+    )
     # --- the update
     epochs: int = field(default=2, metadata={"help": "passes over the iteration's rollouts"})
     minibatch_size: int = field(default=32, metadata={"help": "rollouts per optimizer step"})

@@ -22,13 +22,13 @@ from sqlalchemy.orm import Session
 
 from agentloop.agent.actions import action_space
 from agentloop.agent.episode import Episode, Limits, run_episodes
-from agentloop.agent.evaluate import EvalTask
+from agentloop.agent.evaluate import EvalTask, run_eval
 from agentloop.agent.examples import example_for
 from agentloop.agent.prompt import ChatFormat
 from agentloop.apps.registry import WorldProvider
 from agentloop.apps.tasks import ToolCall
 from agentloop.apps.world import World
-from agentloop.learner.rollouts import Rollout, build_rollout, sample_tasks
+from agentloop.learner.rollouts import Rollout, build_rollout, from_result, sample_tasks
 from agentloop.learner.task_source import TaskSource
 from agentloop.policy.scripted import ScriptedPolicy
 from agentloop.store import demonstrations as demo_store
@@ -151,6 +151,23 @@ def expert_rollouts(tokenizer: Any, tasks: Sequence[EvalTask], limits: Limits) -
         build_rollout(t.task_ref, ep.prompt_token_ids, ep.turns, 1.0, True, commands=ep.world.commands)
         for t, ep in episodes
     ]
+
+
+def scored_expert_rollouts(
+    tokenizer: Any, tasks: Sequence[EvalTask], limits: Limits, batch_size: int
+) -> dict[str, Rollout]:
+    """Each task's expert calls played as an episode of the task's own group would be (the same prompt and
+    worked example as its rollouts), and scored by the task's evaluator, by task ref. A task without an expert,
+    or whose episode the app could not evaluate, has none. The turns were not sampled: no log-probs."""
+    policy = ScriptedPolicy(tokenizer, name="oracle")
+
+    def prepare(ep: Episode, task: EvalTask) -> None:
+        assert task.expert is not None and ep.key is not None
+        policy.plan_actions(ep.key, task.expert(ep.world), action_space(ep.world.commands))
+
+    with_expert = [t for t in tasks if t.expert is not None]
+    results = run_eval(policy, with_expert, 1, limits, batch_size, prepare=prepare)
+    return {r.task.task_ref: from_result(r) for r in results if r.verdict is not None}
 
 
 def expert_steps(rollout: Rollout) -> list[ExpertStep]:

@@ -24,6 +24,7 @@ from agentloop.apps.tasks import ToolCall
 from agentloop.learner import rollouts
 from agentloop.learner.checkpoint import write_atomically
 from agentloop.learner.config import LoopConfig
+from agentloop.learner.experts import scored_expert_rollouts
 from agentloop.learner.logged import Logged, feedback_advantages, logged_episodes
 from agentloop.learner.loop import trajectory_advantages
 from agentloop.learner.stepagent import combined_advantages, turn_rewards, turn_step_advantages
@@ -240,7 +241,25 @@ class LoopTrainer(Trainer):
         by_task = self.collect(i, [item.rollout.task_ref for item in replayed], len(logged) - len(replayed))
         for item in replayed:  # the client's episode is one more sample of its task's group
             by_task.setdefault(item.rollout.task_ref, []).append(item.rollout)
+        if self.config.expert_in_group:
+            self.join_experts(by_task)
         return logged, by_task
+
+    def join_experts(self, by_task: dict[str, list[rollouts.Rollout]]) -> None:
+        """expert_in_group: each group's task's expert, played through the episode loop and scored by the
+        task's evaluator (experts.scored_expert_rollouts), as one more sample of the group. Its pi_old is the
+        current weights' log-prob of its tokens, so that its first update step starts at ratio 1 as a sampled
+        rollout's does; it counts in no sampler/learner gap (its numbers are the learner's own)."""
+        tasks = [self.sampled[ref] for ref in by_task if ref in self.sampled]
+        found = scored_expert_rollouts(self.tokenizer, tasks, self.limits(expert=True), self.settings.max_batch_size)
+        joined = list(found.values())
+        device = self.accelerator.device
+        logps = compute_logprobs(self.module, joined, self.pad_id, self.config.micro_batch_size, device)
+        for r, lp in zip(joined, logps, strict=True):
+            mask = r.agent_mask[1:]
+            r.sampler_logprobs = [0.0] + [x if m else 0.0 for x, m in zip(lp.tolist(), mask, strict=True)]
+            r.expert = True
+            by_task[r.task_ref].append(r)
 
     def rl_iteration(self, i: int, algo: str) -> dict[str, Any]:
         c = self.config
@@ -248,16 +267,18 @@ class LoopTrainer(Trainer):
         logged, by_task = self.samples(i)
         self.safe_point(f"in iteration {i}, after its rollouts")
         replayed = [item for item in logged if item.replayable]
-        every = [r for g in by_task.values() for r in g]
+        every = [r for g in by_task.values() for r in g if not r.expert]
+        joined = [r for g in by_task.values() for r in g if r.expert]
         experts = [self.expert_calls(ref) for ref in by_task] if algo == "loop+step" else None
         kept: list[tuple[rollouts.Rollout, Advantage]] = advantages_for(list(by_task.values()), c, algo, experts)
         kept += [(r, a) for r, a in feedback_advantages(logged, c.feedback_baseline_min) if abs(a) >= c.adv_threshold]
+        sampled_kept = sum(not r.expert for r, _ in kept)
         self.logged_used |= {item.rollout.episode_id for item in logged if item.rollout.episode_id}
         metrics: dict[str, Any] = {
             "iteration": i,
             "reward/mean": sum(r.reward for r in every) / max(len(every), 1),
             "success/rate": sum(r.success for r in every) / max(len(every), 1),
-            "adv/filtered_frac": 1 - len(kept) / max(len(every), 1),
+            "adv/filtered_frac": 1 - sampled_kept / max(len(every), 1),
             "rollouts": len(every),
             "logged/replayed": len(replayed),
             "logged/feedback_only": len(logged) - len(replayed),
@@ -265,6 +286,9 @@ class LoopTrainer(Trainer):
             "perf/rollout_s": time.perf_counter() - t0,
             "updated": float(bool(kept)),
         }
+        if c.expert_in_group:
+            metrics["expert/joined"] = float(len(joined))
+            metrics["expert/reward_mean"] = sum(r.reward for r in joined) / max(len(joined), 1)
         if experts is not None:
             metrics["step/tasks_with_expert"] = float(sum(e is not None for e in experts))
             step_rewards = [
@@ -334,14 +358,16 @@ class LoopTrainer(Trainer):
         device = self.accelerator.device
         if c.recompute_old_logprobs == "always" or (c.recompute_old_logprobs == "auto" and c.rollout_mode != "local"):
             logps = compute_logprobs(self.module, batch, self.pad_id, c.micro_batch_size, device)
-            return logps, sampler_gap(logps, batch)
-        own = [r for r in batch if id(r) not in others]
+            sampled = [(lp, r) for lp, r in zip(logps, batch, strict=True) if not r.expert]  # experts': ours
+            return logps, sampler_gap([lp for lp, _ in sampled], [r for _, r in sampled])
+        own = [r for r in batch if id(r) not in others and not r.expert]
         probe = [r for r in batch if id(r) in others] + own[: c.micro_batch_size]
         probed = compute_logprobs(self.module, probe, self.pad_id, c.micro_batch_size, device)
         gap = sampler_gap(probed, probe)
         if c.recompute_old_logprobs == "never" or gap <= 1e-3:
             return None, gap
-        rest = own[c.micro_batch_size :]  # the probe's rows are computed already
+        probed_ids = set(map(id, probe))
+        rest = [r for r in batch if id(r) not in probed_ids]  # the probe's rows are computed already
         done = dict(zip(map(id, probe), probed, strict=True))
         done |= zip(
             map(id, rest), compute_logprobs(self.module, rest, self.pad_id, c.micro_batch_size, device), strict=True

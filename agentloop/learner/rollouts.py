@@ -43,6 +43,7 @@ class Rollout:
     episode_id: str | None = None
     actions: list[ToolCall | None] | None = None  # each turn's parsed call (None: none parsed); where known
     commands: str | None = None  # a text world's command app (`World.commands`): how its turns parse
+    expert: bool = False  # an expert's trajectory joined to a group (LoopConfig.expert_in_group), not sampled
 
     @property
     def agent_tokens(self) -> int:
