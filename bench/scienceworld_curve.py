@@ -28,8 +28,10 @@ Last line: a JSON object with base_seen_score, sft_seen_score, best_seen_score, 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -105,6 +107,19 @@ def figures(trainer: Trainer, args: Any) -> dict[str, Any]:
 
 
 FIGURES = ("seen_score", "seen_success", "unseen_score", "unseen_success")
+
+
+def extra_args(ap: Any) -> None:
+    ap.add_argument(
+        "--reevaluate",
+        default=None,
+        metavar="MODELS",
+        help="train nothing: measure these saved models again, episode by episode, on --per-type variations of "
+        f"each type (comma-separated: base, warm_start, {', '.join(ARMS)}); written to DIR/reeval-<per-type>.json "
+        "and compared pairwise, variation by variation",
+    )
+
+
 CURVE = curve.Curve(
     script="bench/scienceworld_curve.py",
     name="scienceworld_curve",
@@ -113,7 +128,181 @@ CURVE = curve.Curve(
     world={"world": "scienceworld", "procedural": False, "scenarios": TYPES},
     figures=figures,
     figure_keys=(*FIGURES, "seen_tasks", "unseen_tasks", "seen_by_type", "unseen_by_type"),
+    extra_args=extra_args,
 )
+
+
+# --- paired re-evaluation: the saved models on the same variations, episode by episode -------------------
+
+REEVAL_MODELS = ("base", "warm_start", *ARMS)
+PAIRED_AGAINST = ("warm_start", "sft")  # what each model is compared with, variation by variation
+
+
+def reeval_path(results: Path, per_type: int) -> Path:
+    return results / f"reeval-{per_type}.json"
+
+
+def model_adapter(results: Path, name: str) -> Path | None:
+    """Where a model's adapter is: None for the base model (a fresh LoRA adapter is the identity)."""
+    if name == "base":
+        return None
+    return results / "warm_start" if name == "warm_start" else curve.arm_adapter(results, name)
+
+
+def adapter_digest(adapter: Path | None) -> str | None:
+    """sha256 of the adapter's weights: a model trained further since it was measured is measured again."""
+    return None if adapter is None else hashlib.sha256((adapter / "adapter_model.safetensors").read_bytes()).hexdigest()
+
+
+def trained_for(results: Path, name: str) -> dict[str, Any]:
+    """A model's training as its phase file records it: seconds and cycles (the warm start's own; an arm's after
+    the warm start)."""
+    found = curve.read_json(results / f"{name}.json") if name != "base" else None
+    return {"train_s": (found or {}).get("train_s"), "cycles": (found or {}).get("cycles")}
+
+
+def reevaluate(args: Any, results: Path, model_dir: Path, settings: dict[str, Any]) -> dict[str, Any]:
+    """`--reevaluate MODELS`: each model's greedy episodes on the first --per-type seen and unseen variations of
+    every type, one score per variation, in DIR/reeval-<per-type>.json (rewritten after each model). A model
+    already there with the same adapter weights and evaluation settings is reused; one trained further since
+    is measured again, its earlier figures kept under "earlier"."""
+    names = [n.strip() for n in args.reevaluate.split(",") if n.strip()]
+    unknown = [n for n in names if n not in REEVAL_MODELS]
+    if unknown or not names:
+        raise SystemExit(f"--reevaluate takes a comma-separated subset of {', '.join(REEVAL_MODELS)}; got {unknown}")
+    adapters = {n: model_adapter(results, n) for n in names}
+    missing = [n for n, a in adapters.items() if a is not None and not (a / "adapter_config.json").exists()]
+    if missing:
+        raise SystemExit(f"no saved adapter for {', '.join(missing)} under {results} (train them first)")
+    path = reeval_path(results, args.per_type)
+    now = curve.eval_settings(settings)
+    data = curve.read_json(path) or {"per_type": args.per_type, "models": {}}
+    provider = get_world("scienceworld")
+    sets = {name: per_type(world_tasks(provider, split), args.per_type) for name, split in SETS.items()}
+    for name in names:
+        adapter = adapters[name]
+        digest = adapter_digest(adapter)
+        found = data["models"].get(name)
+        if found is not None and found["adapter_sha256"] == digest and found["settings"] == now:
+            curve.progress(f"reeval {name}: measured already with these weights and settings, reused")
+            continue
+        home = curve.use_home(results / "homes" / "reeval", model_dir)
+        trainer = curve.load_trainer(home, curve.make_config("sft", args), model_dir, adapter, f"reeval {name}")
+        trainer.model.eval()
+        t0 = time.perf_counter()
+        record: dict[str, Any] = {
+            "adapter": None if adapter is None else os.path.relpath(adapter, results),
+            "adapter_sha256": digest,
+            "settings": now,
+            **trained_for(results, name),
+        }
+        for set_name, tasks in sets.items():
+            curve.progress(f"reeval {name}: {len(tasks)} {set_name} episodes")
+            trainer.policy.clear_cache()
+            done = run_eval(trainer.policy, tasks, 1, trainer.limits(dev=True), trainer.settings.max_batch_size)
+            record[set_name] = {
+                r.task.task_ref: {"score": round(100 * r.reward, 2), "success": r.success}
+                for r in done
+                if r.verdict is not None
+            }
+        curve.release(trainer)
+        record.update(eval_s=round(time.perf_counter() - t0, 1), **curve.stamp(args))
+        if found is not None:
+            earlier = found.pop("earlier", [])
+            record["earlier"] = [*earlier, {k: v for k, v in found.items() if k not in SETS} | summary_of(found)]
+        data["models"][name] = record
+        curve.write_json(path, data)
+        curve.progress(f"reeval {name}: " + ", ".join(f"{k} {v}" for k, v in summary_of(record).items()))
+    return data
+
+
+def summary_of(record: dict[str, Any]) -> dict[str, Any]:
+    """A model's mean score and success % over each set's variations."""
+    out: dict[str, Any] = {}
+    for name in SETS:
+        episodes = list(record.get(name, {}).values())
+        out[f"{name}_score"] = round(sum(e["score"] for e in episodes) / len(episodes), 1) if episodes else None
+        out[f"{name}_success"] = (
+            round(100 * sum(e["success"] for e in episodes) / len(episodes), 1) if episodes else None
+        )
+        out[f"{name}_tasks"] = len(episodes)
+    return out
+
+
+def paired(record: dict[str, Any], against: dict[str, Any], set_name: str) -> dict[str, Any] | None:
+    """Mean score difference over the variations both measured, with its standard error (sd / sqrt n)."""
+    common = sorted(set(record.get(set_name, {})) & set(against.get(set_name, {})))
+    if len(common) < 2:
+        return None
+    diffs = [record[set_name][r]["score"] - against[set_name][r]["score"] for r in common]
+    mean_d = sum(diffs) / len(diffs)
+    var = sum((d - mean_d) ** 2 for d in diffs) / (len(diffs) - 1)
+    return {"mean": round(mean_d, 1), "se": round((var / len(diffs)) ** 0.5, 1), "n": len(common)}
+
+
+def reeval_result(data: dict[str, Any]) -> dict[str, Any]:
+    """Per model: its figures and its paired differences against the warm start and SFT alone."""
+    models = data["models"]
+    out: dict[str, Any] = {}
+    for name in [n for n in REEVAL_MODELS if n in models]:
+        row: dict[str, Any] = {**summary_of(models[name]), "train_s": models[name].get("train_s")}
+        for other in PAIRED_AGAINST:
+            if other != name and other in models:
+                for set_name in SETS:
+                    row[f"{set_name}_vs_{other}"] = paired(models[name], models[other], set_name)
+        out[name] = row
+    return {"per_type": data["per_type"], "models": out}
+
+
+def reeval_label(name: str) -> str:
+    return {"base": "base model (no adapter)", "warm_start": "warm start"}.get(name) or curve.LABELS[name]
+
+
+def reeval_table(result: dict[str, Any]) -> str:
+    f = curve.fmt
+
+    def pm(x: dict[str, Any] | None) -> str:
+        return "" if x is None else f"{x['mean']:+.1f} ± {x['se']:.1f}"
+
+    rows = [
+        "| model | train s | seen score | seen success % | unseen score | unseen success % | seen vs warm start "
+        "| unseen vs warm start | seen vs SFT alone | unseen vs SFT alone |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, r in result["models"].items():
+        rows.append(
+            f"| {reeval_label(name)} | {f(r['train_s'], '.0f')} | {f(r['seen_score'])} | {f(r['seen_success'])} "
+            f"| {f(r['unseen_score'])} | {f(r['unseen_success'])} | {pm(r.get('seen_vs_warm_start'))} "
+            f"| {pm(r.get('unseen_vs_warm_start'))} | {pm(r.get('seen_vs_sft'))} | {pm(r.get('unseen_vs_sft'))} |"
+        )
+    return "\n".join(rows)
+
+
+def reeval_section(result: dict[str, Any], data: dict[str, Any] | None) -> str:
+    """The docs' part on the latest re-evaluation: its commands, what a row is, the table and its file."""
+    if data is None:
+        return ""
+    n = data["per_type"]
+    commands = list(dict.fromkeys(m["command"] for m in data["models"].values()))
+    return f"""
+### The saved models measured again, variation by variation (`--reevaluate`)
+
+{chr(10).join(f"`{c}`" + "  " for c in commands)}
+
+Each model greedy on the first {n} dev (seen) and {n} test (unseen) variations of each of the {len(TYPES)} types:
+{n * len(TYPES)} + {n * len(TYPES)} episodes, one per variation. A "vs" column is the mean difference in score
+(0-100) over the same variations, ± its standard error (sd / sqrt n): paired, so a variation that is hard for
+every model does not widen it. Train s: the warm start's own seconds, and an arm's after the warm start. File:
+`{CURVE.name}/reeval-{n}.json` under the results folder (scores per variation).
+
+{reeval_table(result["reeval"])}
+"""
+
+
+def latest_reeval(results: Path) -> dict[str, Any] | None:
+    """The re-evaluation with the most variations per type in DIR, if any."""
+    files = sorted(results.glob("reeval-*.json"), key=lambda p: int(p.stem.split("-")[1]))
+    return curve.read_json(files[-1]) if files else None
 
 
 # --- the report ------------------------------------------------------------------------------------------
@@ -284,21 +473,28 @@ def main() -> None:
     settings = curve.bench_settings(args, model_dir.name)
     if args.plot is None:
         args.plot = DEFAULT_PLOT if args.write_docs else results / f"{CURVE.name}.png"
-    if not args.merge:
+    if args.reevaluate:
+        reevaluate(args, results, model_dir, settings)
+    elif not args.merge:
         curve.run_phases(args, results, model_dir, settings)
 
     base, start = curve.read_json(results / "base.json"), curve.read_json(results / "warm_start.json")
     arms = curve.load_arms(results)
     described = next((r["settings"] for r in arms.values()), settings)
     result = {"settings": described, **headline(arms, base, start)}
+    reeval = latest_reeval(results)
+    if reeval is not None:
+        result["reeval"] = reeval_result(reeval)
     note = plot(arms, base, args.plot) if arms or base else "nothing measured yet"
     curve.progress(note or f"plot written to {args.plot}")
     if not args.json:
         print(summary_table(arms, base, start))
         print(finding(result))
+        if reeval is not None:
+            print(reeval_table(result["reeval"]))
     if args.write_docs:
         image = os.path.relpath(args.plot.resolve(), DEFAULT_PLOT.parent)
-        write_section(SECTION, docs_section(result, arms, base, start, image, note))
+        write_section(SECTION, docs_section(result, arms, base, start, image, note) + reeval_section(result, reeval))
         curve.progress(f"docs/benchmarks.md: section {SECTION} written")
     run = {"model": model_dir.name, "quick": args.quick, "results": str(results), "command": curve.command(args)}
     emit({**run, **result})

@@ -225,6 +225,7 @@ class Curve:
     world: dict[str, Any]
     figures: Callable[[Trainer, argparse.Namespace], dict[str, Any]]
     figure_keys: tuple[str, ...]
+    extra_args: Callable[[argparse.ArgumentParser], None] | None = None  # flags of this bench alone
 
 
 def progress(message: str) -> None:
@@ -1048,6 +1049,8 @@ def parse_args(argv: list[str] | None = None, curve: Curve | None = None, doc: s
     )
     ap.add_argument("--json", action="store_true", help="print only the JSON object")
     ap.add_argument("--write-docs", action="store_true", help=f"update docs/benchmarks.md's {curve.name} section")
+    if curve.extra_args is not None:
+        curve.extra_args(ap)
     args = ap.parse_args(argv)
     args.curve = curve
     for name, (full, quick) in presets.items():
