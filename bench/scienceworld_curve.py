@@ -278,14 +278,15 @@ def reeval_table(result: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
-def reeval_section(result: dict[str, Any], data: dict[str, Any] | None) -> str:
-    """The docs' part on the latest re-evaluation: its commands, what a row is, the table and its file."""
-    if data is None:
-        return ""
-    n = data["per_type"]
-    commands = list(dict.fromkeys(m["command"] for m in data["models"].values()))
-    return f"""
-### The saved models measured again, variation by variation (`--reevaluate`)
+def reeval_section(reevals: list[dict[str, Any]]) -> str:
+    """The docs' part on the re-evaluations, fewest variations first: commands, what a row is, table, finding."""
+    parts = []
+    for data in reevals:
+        n = data["per_type"]
+        commands = list(dict.fromkeys(m["command"] for m in data["models"].values()))
+        result = reeval_result(data)
+        parts.append(f"""
+### The saved models measured again on {n} variations of each type (`--reevaluate`, `--per-type {n}`)
 
 {chr(10).join(f"`{c}`" + "  " for c in commands)}
 
@@ -295,14 +296,36 @@ Each model greedy on the first {n} dev (seen) and {n} test (unseen) variations o
 every model does not widen it. Train s: the warm start's own seconds, and an arm's after the warm start. File:
 `{CURVE.name}/reeval-{n}.json` under the results folder (scores per variation).
 
-{reeval_table(result["reeval"])}
-"""
+{reeval_table(result)}
+
+{reeval_finding(result)}
+""")
+    return "".join(parts)
 
 
-def latest_reeval(results: Path) -> dict[str, Any] | None:
-    """The re-evaluation with the most variations per type in DIR, if any."""
+def reeval_finding(result: dict[str, Any]) -> str:
+    """In words: each arm's paired difference from SFT alone, and whether it stands clear of its noise."""
+    parts = []
+    for name, r in result["models"].items():
+        if name in ("base", "warm_start", "sft"):
+            continue
+        said = []
+        for set_name in SETS:
+            d = r.get(f"{set_name}_vs_sft")
+            if d is None:
+                continue
+            ratio = d["mean"] / d["se"] if d["se"] else float("inf")
+            clear = "more than 2 SE" if abs(ratio) > 2 else "within 1 SE" if abs(ratio) <= 1 else "1-2 SE"
+            said.append(f"{d['mean']:+.1f} ± {d['se']:.1f} {set_name} ({clear})")
+        if said:
+            parts.append(f"{reeval_label(name)} vs SFT alone: " + ", ".join(said) + ".")
+    return " ".join(parts)
+
+
+def reevaluations(results: Path) -> list[dict[str, Any]]:
+    """Every re-evaluation in DIR, fewest variations per type first."""
     files = sorted(results.glob("reeval-*.json"), key=lambda p: int(p.stem.split("-")[1]))
-    return curve.read_json(files[-1]) if files else None
+    return [data for f in files if (data := curve.read_json(f)) is not None]
 
 
 # --- the report ------------------------------------------------------------------------------------------
@@ -482,19 +505,20 @@ def main() -> None:
     arms = curve.load_arms(results)
     described = next((r["settings"] for r in arms.values()), settings)
     result = {"settings": described, **headline(arms, base, start)}
-    reeval = latest_reeval(results)
-    if reeval is not None:
-        result["reeval"] = reeval_result(reeval)
+    reevals = reevaluations(results)
+    if reevals:
+        result["reeval"] = {str(r["per_type"]): reeval_result(r) for r in reevals}
     note = plot(arms, base, args.plot) if arms or base else "nothing measured yet"
     curve.progress(note or f"plot written to {args.plot}")
     if not args.json:
         print(summary_table(arms, base, start))
         print(finding(result))
-        if reeval is not None:
-            print(reeval_table(result["reeval"]))
+        for r in reevals:
+            print(reeval_table(reeval_result(r)))
+            print(reeval_finding(reeval_result(r)))
     if args.write_docs:
         image = os.path.relpath(args.plot.resolve(), DEFAULT_PLOT.parent)
-        write_section(SECTION, docs_section(result, arms, base, start, image, note) + reeval_section(result, reeval))
+        write_section(SECTION, docs_section(result, arms, base, start, image, note) + reeval_section(reevals))
         curve.progress(f"docs/benchmarks.md: section {SECTION} written")
     run = {"model": model_dir.name, "quick": args.quick, "results": str(results), "command": curve.command(args)}
     emit({**run, **result})
