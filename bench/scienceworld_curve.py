@@ -38,7 +38,7 @@ from typing import Any
 
 import stepagent_curve as curve
 
-from agentloop.agent.eval_runs import world_tasks
+from agentloop.agent.eval_runs import eval_task, world_tasks
 from agentloop.agent.evaluate import EvalTask, run_eval, summarize
 from agentloop.apps.registry import get_world
 from agentloop.learner.trainer import Trainer
@@ -163,9 +163,10 @@ def trained_for(results: Path, name: str) -> dict[str, Any]:
 
 def reevaluate(args: Any, results: Path, model_dir: Path, settings: dict[str, Any]) -> dict[str, Any]:
     """`--reevaluate MODELS`: each model's greedy episodes on the first --per-type seen and unseen variations of
-    every type, one score per variation, in DIR/reeval-<per-type>.json (rewritten after each model). A model
-    already there with the same adapter weights and evaluation settings is reused; one trained further since
-    is measured again, its earlier figures kept under "earlier"."""
+    every type (`variations`: more than the world lists, if asked), one score per variation, in
+    DIR/reeval-<per-type>.json (rewritten after each model). A model already there with the same adapter weights
+    and evaluation settings is reused; one trained further since is measured again, its earlier figures kept
+    under "earlier"."""
     names = [n.strip() for n in args.reevaluate.split(",") if n.strip()]
     unknown = [n for n in names if n not in REEVAL_MODELS]
     if unknown or not names:
@@ -178,7 +179,7 @@ def reevaluate(args: Any, results: Path, model_dir: Path, settings: dict[str, An
     now = curve.eval_settings(settings)
     data = curve.read_json(path) or {"per_type": args.per_type, "models": {}}
     provider = get_world("scienceworld")
-    sets = {name: per_type(world_tasks(provider, split), args.per_type) for name, split in SETS.items()}
+    sets = {name: variations(provider, split, args.per_type) for name, split in SETS.items()}
     for name in names:
         adapter = adapters[name]
         digest = adapter_digest(adapter)
@@ -214,6 +215,14 @@ def reevaluate(args: Any, results: Path, model_dir: Path, settings: dict[str, An
         curve.write_json(path, data)
         curve.progress(f"reeval {name}: " + ", ".join(f"{k} {v}" for k, v in summary_of(record).items()))
     return data
+
+
+def variations(provider: Any, split: str, n: int) -> list[EvalTask]:
+    """The first `n` of the benchmark's `split` variations of each of TYPES (all of a type's, where it has fewer),
+    in TYPES order. The world lists the first few of each split (what a point of the curve evaluates: the same
+    first ones); any other is a task by its ref, so a re-evaluation may measure more than are listed."""
+    found = provider.catalogue.variations
+    return [eval_task(provider, provider.task(f"{t}-{v}")) for t in TYPES for v in found[t][split][:n]]
 
 
 def summary_of(record: dict[str, Any]) -> dict[str, Any]:
@@ -285,22 +294,44 @@ def reeval_section(reevals: list[dict[str, Any]]) -> str:
         n = data["per_type"]
         commands = list(dict.fromkeys(m["command"] for m in data["models"].values()))
         result = reeval_result(data)
+        first = next(iter(data["models"].values()))
+        tasks = {name: len(first.get(name, {})) for name in SETS}
         parts.append(f"""
 ### The saved models measured again on {n} variations of each type (`--reevaluate`, `--per-type {n}`)
 
 {chr(10).join(f"`{c}`" + "  " for c in commands)}
 
-Each model greedy on the first {n} dev (seen) and {n} test (unseen) variations of each of the {len(TYPES)} types:
-{n * len(TYPES)} + {n * len(TYPES)} episodes, one per variation. A "vs" column is the mean difference in score
-(0-100) over the same variations, ± its standard error (sd / sqrt n): paired, so a variation that is hard for
-every model does not widen it. Train s: the warm start's own seconds, and an arm's after the warm start. File:
-`{CURVE.name}/reeval-{n}.json` under the results folder (scores per variation).
+Each model greedy on the first {n} dev (seen) and {n} test (unseen) variations of each of the {len(TYPES)}
+types{fewer(data)}: {tasks["seen"]} + {tasks["unseen"]} episodes, one per variation. A "vs" column is the
+mean difference in score (0-100) over the same variations, ± its standard error (sd / sqrt n): paired, so a
+variation that is hard for every model does not widen it. Train s: the warm start's own seconds, and an arm's
+after the warm start. File: `{CURVE.name}/reeval-{n}.json` under the results folder (scores per variation).
 
 {reeval_table(result)}
 
 {reeval_finding(result)}
 """)
     return "".join(parts)
+
+
+def fewer(data: dict[str, Any]) -> str:
+    """ ", all of a type's where it has fewer (power-component: 5 and 5)" where a set holds fewer than asked."""
+    first = next(iter(data["models"].values()))
+    counts: dict[str, list[int]] = {}
+    for name in SETS:
+        per: dict[str, int] = defaultdict(int)
+        for ref in first.get(name, {}):
+            per[ref.rsplit("-", 1)[0]] += 1
+        for t, k in per.items():
+            if k < data["per_type"]:
+                counts.setdefault(t, []).append(k)
+    if not counts:
+        return ""
+    return (
+        ", all of a type's where it has fewer ("
+        + "; ".join(f"{t}: {' and '.join(map(str, ks))}" for t, ks in counts.items())
+        + ")"
+    )
 
 
 def reeval_finding(result: dict[str, Any]) -> str:
