@@ -161,7 +161,7 @@ def trained_for(results: Path, name: str) -> dict[str, Any]:
     return {"train_s": (found or {}).get("train_s"), "cycles": (found or {}).get("cycles")}
 
 
-def reevaluate(args: Any, results: Path, model_dir: Path, settings: dict[str, Any]) -> dict[str, Any]:
+def reevaluate(args: Any, results: Path, model_dir: Path, settings: dict[str, Any]) -> None:
     """`--reevaluate MODELS`: each model's greedy episodes on the first --per-type seen and unseen variations of
     every type (`variations`: more than the world lists, if asked), one score per variation, in
     DIR/reeval-<per-type>.json (rewritten after each model). A model already there with the same adapter weights
@@ -214,7 +214,6 @@ def reevaluate(args: Any, results: Path, model_dir: Path, settings: dict[str, An
         data["models"][name] = record
         curve.write_json(path, data)
         curve.progress(f"reeval {name}: " + ", ".join(f"{k} {v}" for k, v in summary_of(record).items()))
-    return data
 
 
 def variations(provider: Any, split: str, n: int) -> list[EvalTask]:
@@ -539,14 +538,15 @@ def main() -> None:
     reevals = reevaluations(results)
     if reevals:
         result["reeval"] = {str(r["per_type"]): reeval_result(r) for r in reevals}
+    measured_again = list(result.get("reeval", {}).values())
     note = plot(arms, base, args.plot) if arms or base else "nothing measured yet"
     curve.progress(note or f"plot written to {args.plot}")
     if not args.json:
         print(summary_table(arms, base, start))
         print(finding(result))
-        for r in reevals:
-            print(reeval_table(reeval_result(r)))
-            print(reeval_finding(reeval_result(r)))
+        for r in measured_again:
+            print(reeval_table(r))
+            print(reeval_finding(r))
     if args.write_docs:
         image = os.path.relpath(args.plot.resolve(), DEFAULT_PLOT.parent)
         write_section(SECTION, docs_section(result, arms, base, start, image, note) + reeval_section(reevals))
