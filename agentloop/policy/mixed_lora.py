@@ -19,6 +19,8 @@ from typing import Any, cast
 
 import torch
 
+MAX_ROUTES = 256  # row-to-adapter layouts whose masks are kept
+
 
 def supported(model: Any, names: Sequence[str]) -> bool:
     """Plain LoRA on Linear layers, unmerged, no dropout at inference: what the stacked form computes."""
@@ -67,6 +69,8 @@ class MixedLora:
     def route(self, names: Sequence[str | None]) -> None:
         key = tuple(names)
         if key not in self._masks:
+            if len(self._masks) >= MAX_ROUTES:  # a continuous batch's row sets keep changing: keep the table small
+                self._masks.clear()
             self._masks[key] = [
                 torch.tensor([[float(o == n) for o in owner] for n in key], dtype=a_all.dtype, device=a_all.device)
                 for _, a_all, _, owner in self.layers

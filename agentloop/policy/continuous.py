@@ -1,0 +1,531 @@
+"""Continuous batching over the local model: what `agentloop inference` serves with.
+
+One thread owns the model. Requests are queued from any thread; between two decode steps the thread admits
+the queued ones (each is prefilled alone, from the longest kept prefix of an earlier sequence, then joins the
+running batch), samples one token for every running row, hands back the rows that finished and runs the
+next decode step for the rest. A request that arrives while others decode therefore starts at the next step,
+not when the batch drains. Rows on different adapters decode in the same forward (mixed_lora.py).
+
+The batch cache is left-padded: row b's keys/values sit at the right of a common width, padding is masked,
+and every real token keeps its own position. A row joining wider than the batch pads the batch; rows that end
+leave, and the padding no row needs any more is cut.
+
+Adapters are registered by name and path (`register`, as vLLM's `/v1/load_lora_adapter`). At most
+`max_loras` are resident in the model; a request on a registered adapter that is not resident loads it
+between steps, evicting the least recently used one no running row is on.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+
+from agentloop.policy import mixed_lora
+from agentloop.policy.base import Generation, GenerationRequest
+from agentloop.policy.local import SHARED_MIN_TOKENS, LocalPolicy, common_length
+from agentloop.policy.models import output_cache
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+PREFILL_CHUNK = 2048  # new tokens per prefill forward: attention scores of one long row stay small
+
+
+class UnknownAdapter(KeyError):
+    """A request names an adapter that is not registered (or was unregistered while it waited)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class EngineStopped(RuntimeError):
+    pass
+
+
+@dataclass
+class _Row:
+    req: GenerationRequest
+    future: Future[Generation]
+    queued_at: float
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+
+
+@dataclass
+class _Kept:
+    tokens: list[int]
+    kv: list[tuple[torch.Tensor, torch.Tensor]]  # per layer (heads, len(tokens), head_dim)
+    adapter: str | None
+
+
+class ContinuousBatcher:
+    """`submit(request)` returns a Future of its Generation; `generate(requests)` waits for all of them."""
+
+    def __init__(
+        self,
+        policy: LocalPolicy,
+        max_rows: int = 16,
+        max_batch_tokens: int = 65536,
+        max_loras: int = 8,
+        prefix_cache_tokens: int = 32768,
+        seed: int | None = None,
+    ) -> None:
+        self.policy = policy
+        self.name = policy.name
+        self.tokenizer = policy.tokenizer
+        self.max_rows = max_rows
+        self.max_batch_tokens = max_batch_tokens
+        self.max_loras = max_loras
+        self.prefix_cache_tokens = prefix_cache_tokens
+        self._generator = torch.Generator(device=policy.model.device)
+        if seed is not None:
+            self._generator.manual_seed(seed)
+        else:
+            self._generator.seed()
+        self._cv = threading.Condition()
+        self._queue: deque[_Row] = deque()
+        self._controls: deque[tuple[Callable[[], Any], Future[Any]]] = deque()
+        self._registry: dict[str, str] = {}  # adapter name -> path, as registered
+        self._used: OrderedDict[str, None] = OrderedDict()  # resident adapters, least recently used first
+        self._rows: list[_Row] = []
+        self._cache: Any = None  # the running rows' keys/values: a DynamicCache, per layer (rows, heads, width, dim)
+        self._mask = torch.zeros((0, 0), dtype=torch.long)
+        self._logits: torch.Tensor | None = None  # (rows, vocab): the next token's, for the running rows
+        self._kept: OrderedDict[int, _Kept] = OrderedDict()
+        self._kept_tokens = 0
+        self._kept_serial = 0
+        self._mixed: mixed_lora.MixedLora | None = None
+        self._stacked: bool | None = None  # whether the resident adapters allow the stacked LoRA terms
+        self._stopped = False
+        # counters (read by /metrics-style callers and tests)
+        self.steps = 0
+        self.joined_running = 0  # rows admitted while other rows were decoding
+        self.most_rows = 0
+        self.most_adapters = 0  # most distinct adapters (the base model counts as one) in one decode step
+        self.prefix_hits = 0
+        self._thread = threading.Thread(target=self._loop, name="continuous-batcher", daemon=True)
+        self._thread.start()
+
+    # --- the interface ------------------------------------------------------------------------
+    def submit(self, req: GenerationRequest) -> Future[Generation]:
+        if len(req.context) == 0:
+            raise ValueError("cannot generate from an empty context")
+        if req.max_new_tokens < 1:
+            raise ValueError("max_new_tokens must be at least 1")
+        future: Future[Generation] = Future()
+        with self._cv:
+            if self._stopped:
+                raise EngineStopped("the batcher is stopped")
+            if req.adapter is not None and req.adapter not in self._registry:
+                raise UnknownAdapter(f"adapter {req.adapter!r} is not loaded")
+            self._queue.append(_Row(req, future, time.monotonic()))
+            self._cv.notify_all()
+        return future
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
+        futures = [self.submit(r) for r in requests]
+        return [f.result() for f in futures]
+
+    def register(self, name: str, path: str) -> None:
+        """Register adapter `name` (a PEFT directory) and load it now, so that a bad one is refused here."""
+        if not Path(path, "adapter_config.json").exists():
+            raise FileNotFoundError(f"adapter {name!r}: no adapter_config.json in {path}")
+        with self._cv:
+            if name in self._registry:
+                raise ValueError(f"adapter {name!r} is already loaded")
+        self._call(lambda: self._register(name, path))
+
+    def unregister(self, name: str) -> None:
+        """Forget adapter `name`: requests waiting for it fail; it leaves the model once no running row is on it."""
+        with self._cv:
+            if name not in self._registry:
+                raise UnknownAdapter(f"adapter {name!r} is not loaded")
+            del self._registry[name]
+            waiting = [r for r in self._queue if r.req.adapter == name]
+            for row in waiting:
+                self._queue.remove(row)
+                row.future.set_exception(UnknownAdapter(f"adapter {name!r} was unloaded"))
+            self._cv.notify_all()
+
+    def registered(self) -> dict[str, str]:
+        with self._cv:
+            return dict(self._registry)
+
+    def resident(self) -> list[str]:
+        with self._cv:
+            return list(self._used)
+
+    def stop(self) -> None:
+        with self._cv:
+            self._stopped = True
+            self._cv.notify_all()
+        self._thread.join(timeout=30)
+
+    # --- the engine thread -------------------------------------------------------------------
+    def _call(self, fn: Callable[[], T]) -> T:
+        """Run `fn` on the engine thread between two steps (it owns the model), and return its result."""
+        future: Future[T] = Future()
+        with self._cv:
+            if self._stopped:
+                raise EngineStopped("the batcher is stopped")
+            self._controls.append((fn, future))
+            self._cv.notify_all()
+        return future.result()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not (self._stopped or self._queue or self._controls or self._rows):
+                    self._cv.wait()
+                if self._stopped:
+                    break
+                controls = list(self._controls)
+                self._controls.clear()
+            for fn, future in controls:
+                try:
+                    future.set_result(fn())
+                except BaseException as exc:  # the caller gets it
+                    future.set_exception(exc)
+            try:
+                self._admit()
+                if self._rows:
+                    self._step()
+                if not self._rows:  # idle: the model is left as it was (no hooks on it)
+                    self._close_mixed()
+                self._evict_unregistered()
+            except Exception as exc:  # e.g. out of memory: the running rows fail, the engine goes on
+                log.exception("decode step failed; %d running requests fail with it", len(self._rows))
+                for row in self._rows:
+                    if not row.future.done():
+                        row.future.set_exception(exc)
+                self._reset_batch()
+        self._close_mixed()
+        with self._cv:
+            for row in [*self._rows, *self._queue]:
+                if not row.future.done():
+                    row.future.set_exception(EngineStopped("the batcher stopped"))
+
+    def _register(self, name: str, path: str) -> None:
+        self._make_resident(name, path)
+        with self._cv:
+            self._registry[name] = path
+
+    def _make_resident(self, name: str, path: str) -> None:
+        if name in self._used:
+            with self._cv:
+                self._used.move_to_end(name)
+            return
+        running = {r.req.adapter for r in self._rows}
+        while len(self._used) >= self.max_loras:
+            idle = next((n for n in self._used if n not in running), None)
+            if idle is None:
+                raise RuntimeError(f"all {self.max_loras} resident adapters are in use")
+            self._evict(idle)
+        self._close_mixed()
+        self.policy.load_adapter(name, path)
+        with self._cv:
+            self._used[name] = None
+
+    def _evict(self, name: str) -> None:
+        self._close_mixed()
+        self.policy.unload_adapter(name)
+        with self._cv:
+            self._used.pop(name, None)
+        for key in [k for k, kept in self._kept.items() if kept.adapter == name]:
+            self._forget(key)
+
+    def _evict_unregistered(self) -> None:
+        """Adapters unloaded by name leave the model once no running row is on them."""
+        with self._cv:
+            gone = [n for n in self._used if n not in self._registry]
+        running = self._running()
+        for name in gone:
+            if name not in running:
+                self._evict(name)
+
+    def _close_mixed(self) -> None:
+        self._stacked = None
+        if self._mixed is not None:
+            self._mixed.__exit__(None, None, None)
+            self._mixed = None
+
+    def _route(self, adapters: Sequence[str | None]) -> dict[str, Any]:
+        """Forward kwargs that send row b through adapters[b] (the stacked LoRA terms when PEFT's layers
+        allow, else PEFT's own mixed batch); nothing when no adapter is resident."""
+        if not self._used:
+            return {}
+        names = list(self._used)
+        if self._stacked is None:
+            self._stacked = mixed_lora.supported(self.policy.model, names)
+        if self._stacked:
+            if self._mixed is None:
+                self._mixed = mixed_lora.MixedLora(self.policy.model, names).__enter__()
+            self._mixed.route(adapters)
+            return {}
+        return {"adapter_names": [a if a is not None else "__base__" for a in adapters]}
+
+    def _admit(self) -> None:
+        """Queued requests join the batch, oldest first, while rows and the token budget allow."""
+        while len(self._rows) < self.max_rows:
+            with self._cv:
+                row = self._next_admissible()
+                if row is None:
+                    return
+            try:
+                self._join(row)
+            except Exception as exc:
+                log.warning("request could not start: %s: %s", type(exc).__name__, exc)
+                row.future.set_exception(exc)
+
+    def _next_admissible(self) -> _Row | None:
+        """The oldest queued request that fits now (under the lock); a request on an adapter that cannot be
+        made resident yet (all slots in use) waits without holding back the others."""
+        width = self._mask.shape[1]
+        running = {r.req.adapter for r in self._rows}
+        for row in list(self._queue):
+            if row.future.cancelled():
+                self._queue.remove(row)
+                continue
+            need = len(row.req.context) + row.req.max_new_tokens
+            if self._rows and max(width, need) * (len(self._rows) + 1) > self.max_batch_tokens:
+                return None  # the batch is full by tokens: the next step frees room
+            adapter = row.req.adapter
+            if adapter is not None:
+                if adapter not in self._registry:
+                    self._queue.remove(row)
+                    row.future.set_exception(UnknownAdapter(f"adapter {adapter!r} is not loaded"))
+                    continue
+                if adapter not in self._used and len(self._used) >= self.max_loras and self._used.keys() <= running:
+                    continue
+            self._queue.remove(row)
+            return row
+        return None
+
+    def _join(self, row: _Row) -> None:
+        req = row.req
+        if req.adapter is not None:
+            path = self.registered().get(req.adapter)
+            if path is None:
+                raise UnknownAdapter(f"adapter {req.adapter!r} was unloaded")
+            self._make_resident(req.adapter, path)
+        keys, values, logits = self._prefill(req)
+        if self._rows:
+            self.joined_running += 1
+        self._merge(row, keys, values, logits)
+        self.most_rows = max(self.most_rows, len(self._rows))
+
+    @torch.inference_mode()
+    def _prefill(self, req: GenerationRequest) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
+        """The row's context through the model from its longest kept prefix: per layer keys/values
+        (1, heads, len(context), head_dim) and the next token's logits (1, vocab)."""
+        from transformers import DynamicCache
+
+        context = list(req.context)
+        n, kept = self._longest_kept(context, req.adapter)
+        past: Any = None
+        if kept is not None:
+            self.prefix_hits += 1
+            past = DynamicCache(ddp_cache_data=[(k[None, :, :n], v[None, :, :n]) for k, v in kept.kv])
+        device = self.policy.model.device
+        logits = None
+        for start in range(n, len(context), PREFILL_CHUNK):
+            piece = context[start : start + PREFILL_CHUNK]
+            out = self.policy.model(
+                input_ids=torch.tensor([piece], device=device),
+                position_ids=torch.arange(start, start + len(piece), device=device)[None],
+                cache=past if past is not None else DynamicCache(),
+                use_cache=True,
+                logits_to_keep=1,
+                **self._route([req.adapter]),
+            )
+            past = output_cache(out)
+            logits = out.logits[:, -1, :]
+        assert past is not None and logits is not None
+        return [lay.keys for lay in past.layers], [lay.values for lay in past.layers], logits
+
+    def _longest_kept(self, context: list[int], adapter: str | None) -> tuple[int, _Kept | None]:
+        best, found, key = 0, None, None
+        limit = len(context) - 1  # one token at least is fed, for the logits
+        for k, kept in self._kept.items():
+            if kept.adapter != adapter:
+                continue
+            n = common_length(kept.tokens, context, limit)
+            if n > best:
+                best, found, key = n, kept, k
+        if found is None or key is None or best < SHARED_MIN_TOKENS:
+            return 0, None
+        self._kept.move_to_end(key)
+        return best, found
+
+    def _keep(self, tokens: list[int], kv: list[tuple[torch.Tensor, torch.Tensor]], adapter: str | None) -> None:
+        if self.prefix_cache_tokens <= 0 or len(tokens) > self.prefix_cache_tokens:
+            return
+        for k, kept in list(self._kept.items()):  # a prefix of the new one is superseded by it
+            n = len(kept.tokens)
+            if kept.adapter == adapter and n <= len(tokens) and tokens[:n] == kept.tokens:
+                self._forget(k)
+        self._kept_serial += 1
+        key = self._kept_serial
+        self._kept[key] = _Kept(tokens, kv, adapter)
+        self._kept_tokens += len(tokens)
+        while self._kept_tokens > self.prefix_cache_tokens:
+            self._forget(next(iter(self._kept)))
+
+    def _forget(self, key: int) -> None:
+        kept = self._kept.pop(key)
+        self._kept_tokens -= len(kept.tokens)
+
+    def _merge(self, row: _Row, keys: list[torch.Tensor], values: list[torch.Tensor], logits: torch.Tensor) -> None:
+        """Add a prefilled row to the batch, left-padding whichever of the two is narrower."""
+        n = keys[0].shape[2]
+        width = self._mask.shape[1]
+        new_width = max(width, n)
+        device = keys[0].device
+        row_mask = torch.zeros((1, new_width), dtype=torch.long, device=device)
+        row_mask[0, new_width - n :] = 1
+        if not self._rows:
+            self._set_cache(list(zip(keys, values, strict=True)), [row])
+            self._mask, self._logits = row_mask, logits
+            return
+        pad = new_width - width
+        layers = [
+            (
+                torch.cat([_left_pad(lay.keys, pad), _left_pad(k, new_width - n)]),
+                torch.cat([_left_pad(lay.values, pad), _left_pad(v, new_width - n)]),
+            )
+            for lay, k, v in zip(self._cache.layers, keys, values, strict=True)
+        ]
+        self._set_cache(layers, [*self._rows, row])
+        self._mask = torch.cat([torch.nn.functional.pad(self._mask, (pad, 0)), row_mask])
+        assert self._logits is not None
+        self._logits = torch.cat([self._logits, logits])
+
+    def _set_cache(self, layers: list[tuple[torch.Tensor, torch.Tensor]], rows: list[_Row]) -> None:
+        """The batch's cache from these keys/values, with room in place for the tokens its rows may still add
+        (a decode step then writes its slot and copies nothing)."""
+        from transformers import DynamicCache
+
+        from agentloop.policy.kv import with_room
+
+        self._rows = rows
+        room = max(r.req.max_new_tokens - len(r.tokens) for r in rows)
+        self._cache = with_room(DynamicCache(ddp_cache_data=layers), room)
+
+    @torch.inference_mode()
+    def _step(self) -> None:
+        """Sample a token for every row; rows that finished leave; one forward for those that go on."""
+        assert self._logits is not None
+        self.most_adapters = max(self.most_adapters, len({r.req.adapter for r in self._rows}))
+        device = self._logits.device
+        temps = torch.tensor([r.req.temperature for r in self._rows], device=device, dtype=torch.float32)
+        sampled = temps > 0
+        scaled = self._logits.float() / torch.where(sampled, temps, torch.ones_like(temps))[:, None]
+        logp = torch.log_softmax(scaled, dim=-1)
+        tok = logp.argmax(-1)
+        if bool(sampled.any()):
+            drawn = torch.multinomial(logp[sampled].exp(), 1, generator=self._generator).squeeze(-1)
+            tok[sampled] = drawn
+        lps = logp.gather(-1, tok[:, None]).squeeze(-1).tolist()
+        toks = tok.tolist()
+        stop_ids = self.policy.stop_ids
+        going: list[int] = []
+        for b, row in enumerate(self._rows):
+            row.tokens.append(toks[b])
+            row.logprobs.append(lps[b])
+            if toks[b] in stop_ids or len(row.tokens) >= row.req.max_new_tokens:
+                self._finish(b, row)
+            else:
+                going.append(b)
+        self.steps += 1
+        if len(going) < len(self._rows):
+            self._keep_only(going, tok)
+            if not self._rows:
+                return
+            tok = tok[torch.tensor(going, device=device)]
+        self._mask = torch.cat([self._mask, torch.ones((len(self._rows), 1), dtype=torch.long, device=device)], 1)
+        positions = torch.tensor([[len(r.req.context) + len(r.tokens) - 1] for r in self._rows], device=device)
+        out = self.policy.model(
+            input_ids=tok[:, None],
+            attention_mask=self._mask,
+            position_ids=positions,
+            cache=self._cache,
+            use_cache=True,
+            **self._route([r.req.adapter for r in self._rows]),
+        )
+        self._cache = output_cache(out)
+        self._logits = out.logits[:, -1, :]
+
+    def _finish(self, b: int, row: _Row) -> None:
+        tokens, lps = row.tokens, row.logprobs
+        stopped = tokens[-1] in self.policy.stop_ids
+        text_ids = tokens[:-1] if stopped else tokens
+        gen = Generation(
+            list(tokens),
+            list(lps),
+            "stop" if stopped else "length",
+            self.tokenizer.decode(text_ids, skip_special_tokens=True),
+        )
+        # what the model has seen of this row: its context and every token but the one sampled last
+        seen = list(row.req.context) + tokens[:-1]
+        keep = self._mask[b].nonzero().squeeze(-1)
+        if len(keep) == len(seen):
+            layers = self._cache.layers
+            kv = [(lay.keys[b].index_select(1, keep), lay.values[b].index_select(1, keep)) for lay in layers]
+            self._keep(seen, kv, row.req.adapter)
+        if not row.future.done():
+            row.future.set_result(gen)
+
+    def _keep_only(self, going: list[int], tok: torch.Tensor) -> None:
+        """Drop the rows that finished, and the left columns no remaining row uses."""
+        if not going:
+            self._reset_batch()
+            return
+        index = torch.tensor(going, device=self._mask.device)
+        mask = self._mask.index_select(0, index)
+        first = int((mask.cumsum(1) > 0).float().argmax(1).min())  # the leftmost column a row still uses
+        self._mask = mask[:, first:]
+        layers = [
+            (lay.keys.index_select(0, index)[:, :, first:], lay.values.index_select(0, index)[:, :, first:])
+            for lay in self._cache.layers
+        ]
+        self._set_cache(layers, [self._rows[b] for b in going])
+        assert self._logits is not None
+        self._logits = self._logits.index_select(0, index)
+
+    def _reset_batch(self) -> None:
+        self._rows, self._cache, self._logits = [], None, None
+        self._mask = torch.zeros((0, 0), dtype=torch.long)
+
+    # --- the rest of the Policy interface ------------------------------------------------------
+    def load_adapter(self, name: str, path: str) -> None:
+        if name not in self.registered():
+            self.register(name, path)
+
+    def unload_adapter(self, name: str) -> None:
+        if name in self.registered():
+            self.unregister(name)
+
+    def loaded_adapters(self) -> set[str]:
+        return set(self.registered())
+
+    def end_episode(self, key: str) -> None:
+        return None
+
+    def _running(self) -> set[str | None]:
+        return {r.req.adapter for r in self._rows}
+
+
+def _left_pad(t: torch.Tensor, n: int) -> torch.Tensor:
+    """(rows, heads, width, dim) with n zero columns on the left of the width."""
+    if n == 0:
+        return t
+    return torch.nn.functional.pad(t, (0, 0, n, 0))
