@@ -4,6 +4,7 @@ agentloop serve [--host H] [--port P] [--grpc-port G]  REST and gRPC APIs; with 
 agentloop grpc [--host H] [--port G]                   the gRPC API alone
 agentloop worker [--queues ...] [--pool ...]           a Celery worker
 agentloop beat                                         the Celery beat scheduler (lease sweeps)
+agentloop inference [--host H] [--port P]              the model behind vLLM's OpenAI-compatible endpoints
 agentloop migrate                                      upgrade the database schema
 agentloop keys create --tenant T --role client|admin|operator   print a new API key (once); also list, revoke
 agentloop keys rotate KEY_ID --grace 1h                print its replacement (once); the old key ends after the grace
@@ -251,6 +252,44 @@ def worker(
     if beat:
         argv += ["--beat", f"--schedule={settings.home.resolve() / 'celerybeat-schedule'}"]
     celery_app.worker_main(argv)
+
+
+@app.command()
+def inference(
+    host: str = typer.Option("127.0.0.1", help="Bind address."),
+    port: int = typer.Option(8100, help="Port."),
+    api_key: str = typer.Option(
+        "", envvar="AGENTLOOP_INFERENCE_API_KEY", help="Require `Authorization: Bearer <key>` on /v1 (as vLLM's)."
+    ),
+    max_loras: int = typer.Option(8, min=1, help="Adapters resident at once (more may be registered)."),
+    max_rows: int = typer.Option(None, min=1, help="Rows decoded together (default AGENTLOOP_MAX_BATCH_SIZE)."),
+    prefix_cache_tokens: int = typer.Option(32768, min=0, help="Tokens of finished sequences kept for reuse."),
+    seed: int = typer.Option(None, help="Sampling seed (default: random)."),
+) -> None:
+    """Serve the configured model (AGENTLOOP_MODEL) over the endpoints of vLLM's OpenAI-compatible server that
+    the `remote` policy backend uses: /v1/completions (token ids in, token ids and log-probs out),
+    /v1/models, /v1/load_lora_adapter, /v1/unload_lora_adapter. Requests decode in one continuous batch."""
+    import uvicorn
+
+    from agentloop.policy.continuous import ContinuousBatcher
+    from agentloop.policy.local import LocalPolicy
+    from agentloop.policy.server import create_app
+
+    settings = _setup()
+    policy = LocalPolicy.from_settings(settings)
+    engine = ContinuousBatcher(
+        policy,
+        max_rows=max_rows or settings.max_batch_size,
+        max_batch_tokens=settings.max_batch_tokens,
+        max_loras=max_loras,
+        prefix_cache_tokens=prefix_cache_tokens,
+        seed=seed,
+    )
+    typer.echo(f"agentloop inference: {settings.model_name} on http://{host}:{port}/v1")
+    try:
+        uvicorn.run(create_app(engine, settings.model_name, api_key or None), host=host, port=port, log_level="warning")
+    finally:
+        engine.stop()
 
 
 @app.command()

@@ -76,10 +76,32 @@ class Settings(BaseSettings):
     events_poll_interval_s: float = Field(0.02, description="Poll period for step streams when no Redis is configured.")
 
     # --- policy ------------------------------------------------------------------------------
-    policy_backend: Literal["local", "replay"] = Field(
+    policy_backend: Literal["local", "remote", "replay"] = Field(
         "local",
-        description="Inference backend: `local` (the model in this process) or `replay` (no model: every episode "
-        "makes the `replay_actions` calls, then completes; for load and smoke tests).",
+        description="Inference backend: `local` (the model in this process), `remote` (servers speaking vLLM's "
+        "OpenAI-compatible protocol at `inference_urls`: vLLM, or `agentloop inference`) or `replay` (no model: "
+        "every episode makes the `replay_actions` calls, then completes; for load and smoke tests).",
+    )
+    inference_urls: str | None = Field(
+        None,
+        description="The `remote` backend's servers, comma-separated base URLs (`http://host:8000`): every adapter "
+        "is loaded on each; an episode stays on one while it answers.",
+    )
+    inference_api_key: str | None = Field(
+        None, description="Bearer key the inference servers require (vLLM's --api-key)."
+    )
+    inference_model: str | None = Field(
+        None,
+        description="The base model's name on the inference servers (`model=` of requests without an adapter); "
+        "unset: the first model their /v1/models lists.",
+    )
+    inference_timeout_s: float = Field(120.0, gt=0, description="Seconds one completion request may take.")
+    inference_retries: int = Field(
+        2, ge=0, description="Retries of a failed request on a replica (with backoff) before it counts as down."
+    )
+    inference_backoff_s: float = Field(0.5, ge=0, description="First retry's backoff; it doubles per retry.")
+    inference_down_s: float = Field(
+        10.0, ge=0, description="A replica that failed every try is skipped this long before it is tried again."
     )
     replay_actions: str = Field(
         "[]",

@@ -21,6 +21,10 @@ def get_policy(settings: Settings | None = None) -> Policy:
                 from agentloop.policy.replay import ReplayPolicy
 
                 _policy = ReplayPolicy.from_settings(settings)
+            elif settings.policy_backend == "remote":
+                from agentloop.policy.remote import RemotePolicy
+
+                _policy = RemotePolicy.from_settings(settings)
             else:
                 from agentloop.policy.local import LocalPolicy
 
