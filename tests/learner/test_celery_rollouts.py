@@ -1,7 +1,9 @@
 """rollout_mode=celery: the learner publishes one job per task on the `rollouts` queue, a real Celery
 worker process runs K rollouts of each with the learner's current weights and stores them, and the
-iteration trains on what the worker stored."""
+iteration trains on what the worker stored. The worker samples in its own process, or (`remote`) through
+`agentloop inference` in another one, which loads each iteration's weights by name at run time."""
 
+import pytest
 import sqlalchemy as sa
 import torch
 from peft import PeftModel
@@ -13,14 +15,29 @@ from agentloop.settings import get_settings
 from agentloop.store.db import session_scope
 from agentloop.store.models import Episode, TrainingRun
 from agentloop.worker.celery_app import app, declare_queues
+from tests.policy.test_remote import Server
 
 TASKS, K = 6, 4
 
 
+@pytest.mark.parametrize("backend", ["local", "remote"])
 def test_an_iteration_trains_on_rollouts_a_worker_ran(
-    sqlite_db, lights_plugin, lights_model_dir, lights_on_adapter_dir, configure_env, processes
+    sqlite_db,
+    lights_plugin,
+    lights_model_dir,
+    lights_on_adapter_dir,
+    configure_env,
+    processes,
+    tmp_path,
+    request,
+    backend,
 ):
     configure_env(MODEL=str(lights_model_dir), MAX_BATCH_SIZE=16)
+    server = None
+    if backend == "remote":
+        server = Server(lights_model_dir, tmp_path / "inference.log", None)
+        request.addfinalizer(server.kill)
+        configure_env(POLICY_BACKEND="remote", INFERENCE_URLS=server.url)
     declare_queues(app)  # before the worker consumes and the learner publishes
     processes.start("worker", "--queues", "rollouts", name="rollouts")
     config = LoopConfig(
@@ -74,3 +91,7 @@ def test_an_iteration_trains_on_rollouts_a_worker_ran(
     assert metrics["old_logprobs_recomputed"] == 1.0 and metrics["sampler_learner_gap"] < 1e-3, metrics
     changed = [n for n, p in model.named_parameters() if p.requires_grad and not torch.equal(p, before[n])]
     assert changed, "the update left every LoRA weight as it was"
+    if server is not None:  # the server sampled, on the iteration's adapter, and let it go afterwards
+        stats = server.stats()
+        server.kill()
+        assert stats["steps"] > 0 and stats["registered"] == [], stats
