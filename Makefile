@@ -6,7 +6,15 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 TORCH ?= torch==2.13.0
 
-.PHONY: install run test test-fast lint format bench proto clean
+# vLLM's protocol models, importable without a GPU, apart from the project's environment: the wheel without
+# its dependencies (CUDA torch among them) and the pure-Python packages its protocol modules import.
+# scripts/vllm_protocol.py (and its test) check the remote backend and `agentloop inference` against them.
+VLLM_PROTOCOL := .vllm-protocol/.installed-0.34.0
+VLLM_PROTOCOL_DEPS := vllm==0.34.0 pyzmq==27.3.0 aiohttp==3.14.5 multidict==7.2.1 yarl==1.25.1 propcache==0.5.4 \
+	aiohappyeyeballs==2.7.1 aiosignal==1.4.0 frozenlist==1.8.0 pybase64==1.5.1 cachetools==8.0.3 openai==3.63.0 \
+	sniffio==1.3.1 openai-harmony==0.0.8 cbor2==6.3.0 msgspec==0.23.0 cloudpickle==3.1.3 py-cpuinfo==9.0.0
+
+.PHONY: install run test test-fast lint format bench proto clean vllm-protocol
 
 install: $(STAMP)
 
@@ -34,7 +42,7 @@ run: $(STAMP)
 	$(strip $(BIN)/agentloop serve $(call cli_option,HOST,--host) $(call cli_option,PORT,--port) \
 		$(call cli_option,GRPC_PORT,--grpc-port))
 
-test: $(STAMP)
+test: $(STAMP) $(VLLM_PROTOCOL)
 	$(BIN)/python -m pytest -q
 
 test-fast: $(STAMP)
@@ -49,6 +57,13 @@ format: $(STAMP)
 	$(BIN)/ruff format agentloop tests bench scripts
 	$(BIN)/ruff check --fix agentloop tests bench scripts
 
+vllm-protocol: $(VLLM_PROTOCOL)
+
+$(VLLM_PROTOCOL): $(STAMP)
+	rm -rf .vllm-protocol
+	$(BIN)/python -m pip install --quiet --no-deps --target .vllm-protocol $(VLLM_PROTOCOL_DEPS)
+	touch $(VLLM_PROTOCOL)
+
 # regenerate agentloop/proto_gen from proto/ (a test fails when they differ)
 proto: $(STAMP)
 	$(BIN)/python scripts/gen_proto.py
@@ -58,4 +73,4 @@ bench: $(STAMP)
 	$(BIN)/python bench/stream_latency.py --quick
 
 clean:
-	rm -rf $(VENV) .agentloop .pytest_cache
+	rm -rf $(VENV) .agentloop .pytest_cache .vllm-protocol
