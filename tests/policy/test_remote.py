@@ -292,3 +292,43 @@ def test_a_failed_try_is_retried(broken):
     Broken.mode = "flaky"
     gen = broken.generate([GenerationRequest([1, 2, 3], 4, 1.0)])[0]
     assert gen.token_ids == [5, 6] and gen.logprobs == [-0.5, -1.0] and Broken.calls == 2
+
+
+def test_adapters_swap_while_episodes_run(remote, server, reference, adapters):
+    """Episodes on v1 and on the base model keep going while v2 is loaded and another worker unloads v1."""
+    remote.load_adapter("tenant-a@v1", adapters["a"])
+    turns: dict[str, list] = {"tenant-a@v1": [], "base": [], "tenant-a@v2": []}
+    failures: list[BaseException] = []
+    unloaded = threading.Event()
+
+    def episode(adapter, key, n_turns=6):
+        try:
+            ctx = [11, 12, 13, 14]
+            for turn in range(n_turns):
+                if turn == 2 and adapter == "tenant-a@v1":
+                    unloaded.wait(60)  # its next turns come after the other worker's unload
+                gen = remote.generate([GenerationRequest(ctx, 6, 1.0, adapter, key=key)])[0]
+                turns[adapter or "base"].append((list(ctx), gen))
+                ctx = ctx + gen.token_ids + [15, 16]
+        except BaseException as exc:
+            failures.append(exc)
+
+    running = [threading.Thread(target=episode, args=a) for a in [("tenant-a@v1", "e1"), (None, "e2")]]
+    for t in running:
+        t.start()
+    while len(turns["tenant-a@v1"]) < 2:
+        time.sleep(0.01)
+    remote.load_adapter("tenant-a@v2", adapters["b"])  # the new version: new episodes start on it
+    newer = threading.Thread(target=episode, args=("tenant-a@v2", "e3"))
+    newer.start()
+    unload = httpx.post(f"{server.url}/v1/unload_lora_adapter", json={"lora_name": "tenant-a@v1"}, headers=AUTH)
+    assert unload.is_success  # another worker let v1 go while e1 still runs on it
+    unloaded.set()
+    for t in [*running, newer]:
+        t.join(timeout=120)
+    assert failures == []
+    assert {"tenant-a@v1", "tenant-a@v2"} <= set(server.stats()["registered"])  # e1's backend loaded v1 again
+    assert [len(v) for v in turns.values()] == [6, 6, 6]
+    for adapter, local in (("tenant-a@v1", "a"), ("base", None), ("tenant-a@v2", "b")):
+        for ctx, gen in turns[adapter]:
+            assert gen.logprobs == pytest.approx(naive_logprobs(reference, ctx, gen.token_ids, local), abs=1e-4)
