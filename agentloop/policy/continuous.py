@@ -58,6 +58,7 @@ class _Row:
     queued_at: float
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    done: bool = False  # finished and answered; its slot stays in the batch until the batch is rebuilt
 
 
 @dataclass
@@ -105,6 +106,7 @@ class ContinuousBatcher:
         self._kept_serial = 0
         self._mixed: mixed_lora.MixedLora | None = None
         self._stacked: bool | None = None  # whether the resident adapters allow the stacked LoRA terms
+        self._joining: set[str | None] = set()  # adapters of the rows running or being admitted
         self._stopped = False
         # counters (read by /metrics-style callers and tests)
         self.steps = 0
@@ -224,7 +226,7 @@ class ContinuousBatcher:
             with self._cv:
                 self._used.move_to_end(name)
             return
-        running = {r.req.adapter for r in self._rows}
+        running = self._running() | self._joining
         while len(self._used) >= self.max_loras:
             idle = next((n for n in self._used if n not in running), None)
             if idle is None:
@@ -274,29 +276,39 @@ class ContinuousBatcher:
         return {"adapter_names": [a if a is not None else "__base__" for a in adapters]}
 
     def _admit(self) -> None:
-        """Queued requests join the batch, oldest first, while rows and the token budget allow."""
-        while len(self._rows) < self.max_rows:
+        """Queued requests join the batch, oldest first, while rows and the token budget allow. Each is
+        prefilled alone; those that arrive while others prefill are taken too, and all of them join the
+        batch in one copy of its cache."""
+        joining: list[tuple[_Row, list[torch.Tensor], list[torch.Tensor], torch.Tensor]] = []
+        while len(self._live()) + len(joining) < self.max_rows:
             with self._cv:
-                row = self._next_admissible()
+                row = self._next_admissible(joining)
                 if row is None:
-                    return
+                    break
             try:
-                self._join(row)
+                joining.append((row, *self._prefill_row(row)))
             except Exception as exc:
                 log.warning("request could not start: %s: %s", type(exc).__name__, exc)
                 row.future.set_exception(exc)
+        self._joining = set()
+        if joining:
+            if self._rows:
+                self.joined_running += len(joining)
+            self._merge(joining)
+            self.most_rows = max(self.most_rows, len(self._rows))
 
-    def _next_admissible(self) -> _Row | None:
+    def _next_admissible(self, joining: list[Any]) -> _Row | None:
         """The oldest queued request that fits now (under the lock); a request on an adapter that cannot be
         made resident yet (all slots in use) waits without holding back the others."""
-        width = self._mask.shape[1]
-        running = {r.req.adapter for r in self._rows}
+        rows = [*self._live(), *(j[0] for j in joining)]
+        width = max([self._mask.shape[1], *(len(j[0].req.context) for j in joining)])
+        running = {r.req.adapter for r in rows}
         for row in list(self._queue):
             if row.future.cancelled():
                 self._queue.remove(row)
                 continue
             need = len(row.req.context) + row.req.max_new_tokens
-            if self._rows and max(width, need) * (len(self._rows) + 1) > self.max_batch_tokens:
+            if rows and max(width, need) * (len(rows) + 1) > self.max_batch_tokens:
                 return None  # the batch is full by tokens: the next step frees room
             adapter = row.req.adapter
             if adapter is not None:
@@ -307,21 +319,18 @@ class ContinuousBatcher:
                 if adapter not in self._used and len(self._used) >= self.max_loras and self._used.keys() <= running:
                     continue
             self._queue.remove(row)
+            self._joining = running | {adapter}
             return row
         return None
 
-    def _join(self, row: _Row) -> None:
+    def _prefill_row(self, row: _Row) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
         req = row.req
         if req.adapter is not None:
             path = self.registered().get(req.adapter)
             if path is None:
                 raise UnknownAdapter(f"adapter {req.adapter!r} was unloaded")
             self._make_resident(req.adapter, path)
-        keys, values, logits = self._prefill(req)
-        if self._rows:
-            self.joined_running += 1
-        self._merge(row, keys, values, logits)
-        self.most_rows = max(self.most_rows, len(self._rows))
+        return self._prefill(req)
 
     @torch.inference_mode()
     def _prefill(self, req: GenerationRequest) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
@@ -384,47 +393,61 @@ class ContinuousBatcher:
         kept = self._kept.pop(key)
         self._kept_tokens -= len(kept.tokens)
 
-    def _merge(self, row: _Row, keys: list[torch.Tensor], values: list[torch.Tensor], logits: torch.Tensor) -> None:
-        """Add a prefilled row to the batch, left-padding whichever of the two is narrower."""
-        n = keys[0].shape[2]
-        width = self._mask.shape[1]
-        new_width = max(width, n)
-        device = keys[0].device
-        row_mask = torch.zeros((1, new_width), dtype=torch.long, device=device)
-        row_mask[0, new_width - n :] = 1
-        if not self._rows:
-            self._set_cache(list(zip(keys, values, strict=True)), [row])
-            self._mask, self._logits = row_mask, logits
-            return
-        pad = new_width - width
-        layers = [
-            (
-                torch.cat([_left_pad(lay.keys, pad), _left_pad(k, new_width - n)]),
-                torch.cat([_left_pad(lay.values, pad), _left_pad(v, new_width - n)]),
-            )
-            for lay, k, v in zip(self._cache.layers, keys, values, strict=True)
-        ]
-        self._set_cache(layers, [*self._rows, row])
-        self._mask = torch.cat([torch.nn.functional.pad(self._mask, (pad, 0)), row_mask])
-        assert self._logits is not None
-        self._logits = torch.cat([self._logits, logits])
+    def _merge(self, joining: list[tuple[_Row, list[torch.Tensor], list[torch.Tensor], torch.Tensor]]) -> None:
+        """Add prefilled rows to the batch: the running rows and the new ones, right-aligned in the new width
+        (finished rows leave here)."""
+        live = [b for b, row in enumerate(self._rows) if not row.done]
+        layers = self._cache.layers if live else []
+        old = [(self._rows[b], [lay.keys[b] for lay in layers], [lay.values[b] for lay in layers]) for b in live]
+        new = [(row, [k[0] for k in keys], [v[0] for v in values]) for row, keys, values, _ in joining]
+        logits = [lg for *_, lg in joining]
+        if live:
+            assert self._logits is not None
+            logits = [self._logits[torch.tensor(live, device=self._logits.device)], *logits]
+        self._rebuild([*old, *new])
+        self._logits = torch.cat(logits)
 
-    def _set_cache(self, layers: list[tuple[torch.Tensor, torch.Tensor]], rows: list[_Row]) -> None:
-        """The batch's cache from these keys/values, with room in place for the tokens its rows may still add
-        (a decode step then writes its slot and copies nothing)."""
+    def _rebuild(self, rows: list[tuple[_Row, list[torch.Tensor], list[torch.Tensor]]]) -> None:
+        """The batch from each row's per-layer keys/values (heads, its width, head_dim), right-aligned in the
+        widest, in buffers with room for the tokens the rows may still add (a decode step then writes its
+        slot and copies nothing): one copy of each row."""
         from transformers import DynamicCache
 
-        from agentloop.policy.kv import with_room
+        from agentloop.policy.kv import GrowingLayer
 
-        self._rows = rows
-        room = max(r.req.max_new_tokens - len(r.tokens) for r in rows)
-        self._cache = with_room(DynamicCache(ddp_cache_data=layers), room)
+        width = max(keys[0].shape[1] for _, keys, _ in rows)
+        room = max(1, max(r.req.max_new_tokens - len(r.tokens) for r, _, _ in rows))
+        ref = rows[0][1]
+        cache = DynamicCache(ddp_cache_data=[(k[None, :, :0], k[None, :, :0]) for k in ref])
+        for i, k0 in enumerate(ref):
+            H, _, D = k0.shape
+            kbuf = k0.new_empty((len(rows), H, width + room, D))
+            vbuf = k0.new_empty((len(rows), H, width + room, D))
+            for b, (_, keys, values) in enumerate(rows):
+                n = keys[i].shape[1]
+                kbuf[b, :, : width - n].zero_()  # padding: masked, but never garbage (0 x NaN is NaN)
+                vbuf[b, :, : width - n].zero_()
+                kbuf[b, :, width - n : width] = keys[i]
+                vbuf[b, :, width - n : width] = values[i]
+            cache.layers[i] = GrowingLayer.wrap(kbuf, vbuf, width)
+        mask = torch.zeros((len(rows), width), dtype=torch.long, device=ref[0].device)
+        for b, (row, keys, _) in enumerate(rows):
+            old_b = next((j for j, r in enumerate(self._rows) if r is row), None)
+            n = keys[0].shape[1]
+            if old_b is None:
+                mask[b, width - n :] = 1  # a new row: every position is real
+            else:
+                mask[b, width - n :] = self._mask[old_b, self._mask.shape[1] - n :]
+        self._cache, self._mask, self._rows = cache, mask, [r for r, _, _ in rows]
 
     @torch.inference_mode()
     def _step(self) -> None:
-        """Sample a token for every row; rows that finished leave; one forward for those that go on."""
+        """Sample a token for every running row and answer the rows that finished; one forward for the batch.
+        A finished row's slot is fed padding (as a batch decoded to its end would) until the batch is rebuilt:
+        when rows join, or when finished rows outnumber running ones; copying the batch's keys/values at every
+        row's end would cost more."""
         assert self._logits is not None
-        self.most_adapters = max(self.most_adapters, len({r.req.adapter for r in self._rows}))
+        self.most_adapters = max(self.most_adapters, len(self._running()))
         device = self._logits.device
         temps = torch.tensor([r.req.temperature for r in self._rows], device=device, dtype=torch.float32)
         sampled = temps > 0
@@ -437,21 +460,25 @@ class ContinuousBatcher:
         lps = logp.gather(-1, tok[:, None]).squeeze(-1).tolist()
         toks = tok.tolist()
         stop_ids = self.policy.stop_ids
-        going: list[int] = []
         for b, row in enumerate(self._rows):
+            if row.done:
+                continue
             row.tokens.append(toks[b])
             row.logprobs.append(lps[b])
             if toks[b] in stop_ids or len(row.tokens) >= row.req.max_new_tokens:
                 self._finish(b, row)
-            else:
-                going.append(b)
+                row.done = True
         self.steps += 1
-        if len(going) < len(self._rows):
-            self._keep_only(going, tok)
-            if not self._rows:
-                return
-            tok = tok[torch.tensor(going, device=device)]
-        self._mask = torch.cat([self._mask, torch.ones((len(self._rows), 1), dtype=torch.long, device=device)], 1)
+        live = [b for b, row in enumerate(self._rows) if not row.done]
+        if not live:
+            self._reset_batch()
+            return
+        if len(self._rows) - len(live) > len(live):
+            self._keep_only(live)
+            tok = tok[torch.tensor(live, device=device)]
+        done = torch.tensor([row.done for row in self._rows], device=device)
+        tok = torch.where(done, torch.full_like(tok, self.policy.pad_id), tok)
+        self._mask = torch.cat([self._mask, (~done).long()[:, None]], 1)
         positions = torch.tensor([[len(r.req.context) + len(r.tokens) - 1] for r in self._rows], device=device)
         out = self.policy.model(
             input_ids=tok[:, None],
@@ -459,7 +486,7 @@ class ContinuousBatcher:
             position_ids=positions,
             cache=self._cache,
             use_cache=True,
-            **self._route([r.req.adapter for r in self._rows]),
+            **self._route([None if r.done else r.req.adapter for r in self._rows]),
         )
         self._cache = output_cache(out)
         self._logits = out.logits[:, -1, :]
@@ -484,25 +511,22 @@ class ContinuousBatcher:
         if not row.future.done():
             row.future.set_result(gen)
 
-    def _keep_only(self, going: list[int], tok: torch.Tensor) -> None:
-        """Drop the rows that finished, and the left columns no remaining row uses."""
-        if not going:
-            self._reset_batch()
-            return
+    def _keep_only(self, going: list[int]) -> None:
+        """Rebuild the batch with these rows only, cutting the left columns none of them uses."""
         index = torch.tensor(going, device=self._mask.device)
-        mask = self._mask.index_select(0, index)
-        first = int((mask.cumsum(1) > 0).float().argmax(1).min())  # the leftmost column a row still uses
-        self._mask = mask[:, first:]
-        layers = [
-            (lay.keys.index_select(0, index)[:, :, first:], lay.values.index_select(0, index)[:, :, first:])
-            for lay in self._cache.layers
+        first = int((self._mask[index].cumsum(1) > 0).float().argmax(1).min())  # the leftmost column still used
+        layers = self._cache.layers
+        kept = [
+            (self._rows[b], [lay.keys[b, :, first:] for lay in layers], [lay.values[b, :, first:] for lay in layers])
+            for b in going
         ]
-        self._set_cache(layers, [self._rows[b] for b in going])
         assert self._logits is not None
-        self._logits = self._logits.index_select(0, index)
+        logits = self._logits.index_select(0, index)
+        self._rebuild(kept)
+        self._logits = logits
 
     def _reset_batch(self) -> None:
-        self._rows, self._cache, self._logits = [], None, None
+        self._rows, self._cache, self._logits, self._joining = [], None, None, set()
         self._mask = torch.zeros((0, 0), dtype=torch.long)
 
     # --- the rest of the Policy interface ------------------------------------------------------
@@ -521,7 +545,10 @@ class ContinuousBatcher:
         return None
 
     def _running(self) -> set[str | None]:
-        return {r.req.adapter for r in self._rows}
+        return {r.req.adapter for r in self._live()}
+
+    def _live(self) -> list[_Row]:
+        return [r for r in self._rows if not r.done]
 
 
 def _left_pad(t: torch.Tensor, n: int) -> torch.Tensor:

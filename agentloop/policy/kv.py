@@ -27,6 +27,18 @@ class GrowingLayer(DynamicLayer):
         self._expose()
         self.is_initialized = True
 
+    @classmethod
+    def wrap(cls, keys: torch.Tensor, values: torch.Tensor, length: int) -> GrowingLayer:
+        """A layer over buffers already filled up to `length` (no copy): the rest is its room."""
+        layer = cls.__new__(cls)
+        DynamicLayer.__init__(layer)
+        layer.device = keys.device
+        layer.length = length
+        layer._keys, layer._values = keys, values
+        layer._expose()
+        layer.is_initialized = True
+        return layer
+
     @staticmethod
     def _buffer(filled: torch.Tensor, capacity: int) -> torch.Tensor:
         B, H, n, D = filled.shape

@@ -128,3 +128,15 @@ def test_unknown_and_unloaded_adapters_are_refused(engine, adapters):
         engine.submit(GenerationRequest([1, 2, 3], 4, 1.0, "a"))
     with pytest.raises(ValueError, match="empty context"):
         engine.submit(GenerationRequest([], 4))
+
+
+def test_rows_that_end_early_leave_the_batch_and_the_rest_stay_exact(engine):
+    contexts = [encode(engine, t) for t in ("first of three", "the second, a little longer", "third")]
+    futures = [engine.submit(GenerationRequest(c, n, 1.0)) for c, n in zip(contexts, (3, 4, 30), strict=True)]
+    futures[1].result(timeout=60)  # two of three done: the batch is rebuilt with the third alone
+    late_ctx = encode(engine, "a late one joins the rebuilt batch")
+    futures.append(engine.submit(GenerationRequest(late_ctx, 8, 1.0)))
+    gens = [f.result(timeout=60) for f in futures]
+    for ctx, gen in zip([*contexts, late_ctx], gens, strict=True):
+        assert gen.logprobs == pytest.approx(naive_logprobs(engine, ctx, gen.token_ids), abs=1e-4)
+    assert [len(g.token_ids) <= n for g, n in zip(gens, (3, 4, 30, 8), strict=True)] == [True] * 4
