@@ -359,7 +359,11 @@ class ContinuousBatcher:
             past = output_cache(out)
             logits = out.logits[:, -1, :]
         assert past is not None and logits is not None
-        return [lay.keys for lay in past.layers], [lay.values for lay in past.layers], logits
+        keys, values = [lay.keys for lay in past.layers], [lay.values for lay in past.layers]
+        # kept at once, not only when the row ends: requests arriving together that open the same way (the
+        # same system prompt, K rollouts of one task) run their common opening once
+        self._keep(context, [(k[0], v[0]) for k, v in zip(keys, values, strict=True)], req.adapter)
+        return keys, values, logits
 
     def _longest_kept(self, context: list[int], adapter: str | None) -> tuple[int, _Kept | None]:
         best, found, key = 0, None, None
