@@ -30,9 +30,7 @@ import argparse
 import multiprocessing
 import os
 import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -50,6 +48,7 @@ from agentloop.apps.builtin import BUILTIN
 from agentloop.policy.local import LocalPolicy
 from agentloop.policy.models import load_model_and_tokenizer, resolve_model_dir
 from agentloop.policy.remote import RemotePolicy
+from agentloop.policy.server import start_process
 from agentloop.settings import get_settings
 
 from report import emit, machine, write_section
@@ -59,33 +58,6 @@ SECTION = "inference_server"
 
 def progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def start_server(model_dir: Path, device: str, rows: int, log: Path) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    env = {**os.environ, "AGENTLOOP_MODEL": str(model_dir), "AGENTLOOP_DEVICE": device}
-    env["AGENTLOOP_TORCH_THREADS"] = str(torch.get_num_threads())
-    cmd = [sys.executable, "-m", "agentloop.cli", "inference", "--port", str(port), "--max-rows", str(rows)]
-    proc = subprocess.Popen(cmd, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while True:
-        if proc.poll() is not None:
-            raise SystemExit(f"agentloop inference exited:\n{log.read_text()[-3000:]}")
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            raise SystemExit(f"agentloop inference did not start in 300 s:\n{log.read_text()[-3000:]}")
-        time.sleep(0.5)
 
 
 def run_arm(policy: Any, fmt: ChatFormat, refs: list[str], adapters: list[str | None], limits: Limits, tag: str):
@@ -156,7 +128,13 @@ def main() -> None:
         with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as child:
             paths, _ = child.submit(save_adapters, model_dir, args.adapters, Path(tmp)).result()
         progress("starting agentloop inference ...")
-        proc, url = start_server(model_dir, args.device, max(16, args.episodes), Path(tmp) / "server.log")
+        proc, url = start_process(
+            model_dir,
+            Path(tmp) / "server.log",
+            "--max-rows",
+            str(max(16, args.episodes)),
+            env={"AGENTLOOP_DEVICE": args.device, "AGENTLOOP_TORCH_THREADS": str(torch.get_num_threads())},
+        )
         try:
             model, tok = load_model_and_tokenizer(model_dir, "float32", args.device)
             local = LocalPolicy(model, tok, name=model_dir.name, seed=0, max_batch_size=max(16, args.episodes))

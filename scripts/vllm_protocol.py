@@ -24,21 +24,12 @@ import contextlib
 import json
 import os
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import httpx
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Recording(httpx.HTTPTransport):
@@ -124,37 +115,18 @@ def main() -> int:
     from agentloop.policy.base import GenerationRequest
     from agentloop.policy.models import load_tokenizer
     from agentloop.policy.remote import InferenceError, RemotePolicy
+    from agentloop.policy.server import start_process
     from agentloop.settings import get_settings
 
     settings = get_settings()
     model = args.model or settings.model
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "AGENTLOOP_MODEL": model}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in env.get("PYTHONPATH", "").split(os.pathsep) if "vllm" not in p)
+    # the server runs in the project's environment alone: vLLM's packages stay out of it
+    pythonpath = os.pathsep.join(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if "vllm" not in p)
     log = Path(tempfile.mkdtemp()) / "inference.log"
-    server = subprocess.Popen(
-        [sys.executable, "-m", "agentloop.cli", "inference", "--port", str(port), "--seed", "0"],
-        env=env,
-        stdout=log.open("wb"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    server, url = start_process(model, log, "--seed", "0", env={"PYTHONPATH": pythonpath})
     problems: list[str] = []
     checked: dict[str, int] = {}
     try:
-        deadline = time.monotonic() + 300
-        while True:
-            if server.poll() is not None:
-                raise SystemExit(f"agentloop inference exited:\n{log.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise SystemExit("agentloop inference did not start")
-            time.sleep(0.3)
         tokenizer = load_tokenizer(model, settings.models_dir)
         transport = Recording()
         policy = RemotePolicy([url], tokenizer, name="check", transport=transport)

@@ -1,14 +1,17 @@
 """Continuous batching over the local model: what `agentloop inference` serves with.
 
 One thread owns the model. Requests are queued from any thread; between two decode steps the thread admits
-the queued ones (each is prefilled alone, from the longest kept prefix of an earlier sequence, then joins the
-running batch), samples one token for every running row, hands back the rows that finished and runs the
-next decode step for the rest. A request that arrives while others decode therefore starts at the next step,
-not when the batch drains. Rows on different adapters decode in the same forward (mixed_lora.py).
+the queued ones (each is prefilled alone, from the longest kept prefix of an earlier sequence; those that
+arrived meanwhile too, and all of them join the running batch in one rebuild), samples one token for every
+running row, hands back the rows that finished and runs the next decode step. A request that arrives while
+others decode therefore starts at the next step, not when the batch drains. Rows on different adapters
+decode in the same forward (mixed_lora.py).
 
 The batch cache is left-padded: row b's keys/values sit at the right of a common width, padding is masked,
-and every real token keeps its own position. A row joining wider than the batch pads the batch; rows that end
-leave, and the padding no row needs any more is cut.
+and every real token keeps its own position. A row joining wider than the batch pads the batch. A finished
+row's slot is fed padding until the next rebuild (rows join, or finished rows outnumber running ones), which
+drops it and cuts the padding no row needs any more. Contexts are kept for reuse (a token budget, least
+recently used first) when prefilled and again when their row ends.
 
 Adapters are registered by name and path (`register`, as vLLM's `/v1/load_lora_adapter`). At most
 `max_loras` are resident in the model; a request on a registered adapter that is not resident loads it
@@ -19,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
@@ -55,7 +57,6 @@ class EngineStopped(RuntimeError):
 class _Row:
     req: GenerationRequest
     future: Future[Generation]
-    queued_at: float
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     done: bool = False  # finished and answered; its slot stays in the batch until the batch is rebuilt
@@ -81,7 +82,6 @@ class ContinuousBatcher:
         seed: int | None = None,
     ) -> None:
         self.policy = policy
-        self.name = policy.name
         self.tokenizer = policy.tokenizer
         self.max_rows = max_rows
         self.max_batch_tokens = max_batch_tokens
@@ -129,7 +129,7 @@ class ContinuousBatcher:
                 raise EngineStopped("the batcher is stopped")
             if req.adapter is not None and req.adapter not in self._registry:
                 raise UnknownAdapter(f"adapter {req.adapter!r} is not loaded")
-            self._queue.append(_Row(req, future, time.monotonic()))
+            self._queue.append(_Row(req, future))
             self._cv.notify_all()
         return future
 
@@ -533,30 +533,8 @@ class ContinuousBatcher:
         self._rows, self._cache, self._logits, self._joining = [], None, None, set()
         self._mask = torch.zeros((0, 0), dtype=torch.long)
 
-    # --- the rest of the Policy interface ------------------------------------------------------
-    def load_adapter(self, name: str, path: str) -> None:
-        if name not in self.registered():
-            self.register(name, path)
-
-    def unload_adapter(self, name: str) -> None:
-        if name in self.registered():
-            self.unregister(name)
-
-    def loaded_adapters(self) -> set[str]:
-        return set(self.registered())
-
-    def end_episode(self, key: str) -> None:
-        return None
-
     def _running(self) -> set[str | None]:
         return {r.req.adapter for r in self._live()}
 
     def _live(self) -> list[_Row]:
         return [r for r in self._rows if not r.done]
-
-
-def _left_pad(t: torch.Tensor, n: int) -> torch.Tensor:
-    """(rows, heads, width, dim) with n zero columns on the left of the width."""
-    if n == 0:
-        return t
-    return torch.nn.functional.pad(t, (0, 0, n, 0))

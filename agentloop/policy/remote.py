@@ -291,7 +291,7 @@ class RemotePolicy:
         ids = choice.get("token_ids")
         if ids is None:
             raise bad("no token_ids (the server must support return_token_ids: vLLM >= 0.10.2)")
-        logprobs = (choice.get("logprobs") or {}).get("token_logprobs") if isinstance(choice, dict) else None
+        logprobs = (choice.get("logprobs") or {}).get("token_logprobs")
         if not isinstance(ids, list) or not all(isinstance(t, int) and 0 <= t < self.vocab_size for t in ids):
             raise bad("token_ids is not a list of token ids of this model's vocabulary")
         if not ids:

@@ -19,10 +19,16 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import os
+import socket
+import subprocess
+import sys
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
+import httpx
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
@@ -288,3 +294,32 @@ def token_prompts(prompt: Any, tokenizer: Any) -> list[list[int]]:
     if prompt and isinstance(prompt[0], list):
         return [list(p) for p in prompt]
     return [list(prompt)]
+
+
+def start_process(
+    model: str | Path, log: Path, *options: str, env: dict[str, str] | None = None, timeout_s: float = 300.0
+) -> tuple[subprocess.Popen[bytes], str]:
+    """`agentloop inference` serving `model` as a child process (its own session, so that its group can be
+    killed) on a free local port, once it answers /health: the process and its base URL. `env` adds to this
+    process's environment. RuntimeError, with the end of its log, if it exits or does not answer in time."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    cmd = [sys.executable, "-m", "agentloop.cli", "inference", "--port", str(port), *options]
+    environ = {**os.environ, "AGENTLOOP_MODEL": str(model), **(env or {})}
+    with open(log, "wb") as out:  # the child keeps its own copy of the descriptor
+        proc = subprocess.Popen(cmd, env=environ, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"agentloop inference exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"agentloop inference did not answer in {timeout_s:.0f} s:\n{log.read_text()[-3000:]}")
+        time.sleep(0.2)

@@ -4,8 +4,6 @@ protocol), and against a broken server (truncated, malformed and slow answers) f
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -16,8 +14,8 @@ import torch
 
 from agentloop.policy.base import GenerationRequest
 from agentloop.policy.remote import InferenceError, InferenceUnavailable, RemotePolicy
+from agentloop.policy.server import start_process
 from tests.factories import save_random_lora
-from tests.test_cli import free_port
 
 API_KEY = "inference-test-key"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
@@ -26,26 +24,11 @@ AUTH = {"Authorization": f"Bearer {API_KEY}"}
 class Server:
     """`agentloop inference` on a free port, in its own process group."""
 
-    def __init__(self, model_dir, log_path, api_key=API_KEY, *args):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        env = {**os.environ, "AGENTLOOP_MODEL": str(model_dir), "AGENTLOOP_TORCH_THREADS": "1"}
-        cmd = [sys.executable, "-m", "agentloop.cli", "inference", "--port", str(self.port), "--seed", "0", *args]
-        if api_key:
-            cmd += ["--api-key", api_key]
-        self.log_path = log_path
-        with open(log_path, "wb") as log:  # the child keeps its own copy of the descriptor
-            self.proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + 120
-        while True:
-            assert self.proc.poll() is None, f"the server exited:\n{log_path.read_text()[-3000:]}"
-            try:
-                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, f"the server did not start:\n{log_path.read_text()[-3000:]}"
-            time.sleep(0.2)
+    def __init__(self, model_dir, log_path, api_key=API_KEY):
+        options = ["--seed", "0", *(["--api-key", api_key] if api_key else [])]
+        self.proc, self.url = start_process(
+            model_dir, log_path, *options, env={"AGENTLOOP_TORCH_THREADS": "1"}, timeout_s=120
+        )
 
     def stats(self):
         return httpx.get(f"{self.url}/stats", headers=AUTH).json()
