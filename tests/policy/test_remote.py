@@ -245,9 +245,17 @@ def broken(tokenizer):
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     Broken.calls = 0
     url = f"http://127.0.0.1:{httpd.server_address[1]}"
-    policy = RemotePolicy([url], tokenizer, name="tiny", timeout_s=0.5, retries=1, backoff_s=0.01)
-    yield policy
-    policy.close()
+    made = []
+
+    def connect(timeout_s=10.0):
+        """A backend on the broken server; a short timeout only where slowness is the point (a loaded machine
+        can take longer than that to answer an ordinary request)."""
+        made.append(RemotePolicy([url], tokenizer, name="tiny", timeout_s=timeout_s, retries=1, backoff_s=0.01))
+        return made[-1]
+
+    yield connect
+    for policy in made:
+        policy.close()
     httpd.shutdown()
 
 
@@ -266,14 +274,15 @@ def broken(tokenizer):
 )
 def test_a_broken_answer_is_a_clear_error(broken, mode, error, needle):
     Broken.mode = mode
+    policy = broken(0.5 if mode == "slow" else 10.0)  # the slow answer takes 1.5 s
     with pytest.raises(error, match=needle):
-        broken.generate([GenerationRequest([1, 2, 3], 4, 1.0, key="e")])
+        policy.generate([GenerationRequest([1, 2, 3], 4, 1.0, key="e")])
     assert Broken.calls == (2 if error is InferenceUnavailable else 1)  # only outages are retried
 
 
 def test_a_failed_try_is_retried(broken):
     Broken.mode = "flaky"
-    gen = broken.generate([GenerationRequest([1, 2, 3], 4, 1.0)])[0]
+    gen = broken().generate([GenerationRequest([1, 2, 3], 4, 1.0)])[0]
     assert gen.token_ids == [5, 6] and gen.logprobs == [-0.5, -1.0] and Broken.calls == 2
 
 
