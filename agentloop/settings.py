@@ -54,6 +54,12 @@ class Settings(BaseSettings):
         10, ge=1, description="PostgreSQL connections each process keeps open (the pool; SQLite has none)."
     )
     database_max_overflow: int = Field(10, ge=0, description="Connections a process may open above the pool when busy.")
+    database_ping_after_idle_s: float | None = Field(
+        None,
+        ge=0,
+        description="A pooled PostgreSQL connection idle this long is checked (one round trip) before it is used; "
+        "0: at every checkout. Unset: 10 s in API servers (REST, gRPC), every checkout in workers, beat and the CLI.",
+    )
     database_pool_timeout_s: float = Field(
         30.0, gt=0, description="How long a request waits for a free connection before it is answered 503."
     )
@@ -226,6 +232,13 @@ class Settings(BaseSettings):
     )
     app_control_backoff_s: float = Field(
         0.5, description="Wait before the second of those tries, doubled before each later one (0.5, 1, 2 s)."
+    )
+    api_key_cache_s: float = Field(
+        2.0,
+        ge=0,
+        description="A process keeps a key it found valid this long before it looks it up again, so a key "
+        "revoked elsewhere (the CLI, another API process) is refused within this long; 0: looked up on every "
+        "request.",
     )
     # --- request rates and quotas (api/rate_limits.py) -----------------------------------------------
     rate_limit_per_key: str = Field(

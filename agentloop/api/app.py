@@ -23,6 +23,7 @@ from agentloop.api.metrics import HTTP_LATENCY, HTTP_REQUESTS
 from agentloop.api.routes import admin, apps, demonstrations, health, tasks
 from agentloop.api.text_guard import check_text
 from agentloop.settings import Settings, get_settings
+from agentloop.store.db import serve_requests
 
 log = logging.getLogger(__name__)
 
@@ -141,6 +142,7 @@ def allowed_methods(app: FastAPI, scope: Scope) -> list[str]:
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
+    serve_requests()  # pooled connections checked after idling, not at every checkout (store/db.py)
     app = FastAPI(title="agentloop", version=__version__, description=DESCRIPTION)
     app.include_router(health.router)
     app.include_router(tasks.router)

@@ -13,13 +13,16 @@ from __future__ import annotations
 import hashlib
 import re
 import secrets
+import threading
+import time
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from agentloop.api.errors import Conflict, InvalidRequest, NotFound, PermissionDenied, Unauthenticated
+from agentloop.settings import get_settings
 from agentloop.store.models import ApiKey, Tenant, utcnow
 
 ROLES = ("client", "admin", "operator")
@@ -125,7 +128,47 @@ def rotate_key(session: Session, key_id: str, grace_s: int) -> tuple[ApiKey, str
         ends = now + timedelta(seconds=grace_s)
         old.expires_at = ends if old.expires_at is None else min(old.expires_at, ends)
     session.flush()
+    key_cache.forget()  # this process refuses the old key at once (others within api_key_cache_s)
     return row, key
+
+
+class KeyCache:
+    """The principals of keys found valid in the last `ttl_s` seconds, by key hash, so that a client's
+    requests in a burst look their key up once (setting `api_key_cache_s`; 0: every request looks it up). A
+    key revoked or rotated by this process is forgotten at once; by another process (the CLI, another API
+    worker), within `ttl_s`. An entry never outlives its key's expiry. Keys refused are never kept."""
+
+    MAX_ENTRIES = 10_000
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._found: dict[str, tuple[Principal, float]] = {}
+
+    def get(self, digest: str) -> Principal | None:
+        with self._lock:
+            found = self._found.get(digest)
+            if found is None:
+                return None
+            if time.monotonic() >= found[1]:
+                del self._found[digest]
+                return None
+            return found[0]
+
+    def put(self, digest: str, principal: Principal, ttl_s: float, expires_at: datetime | None) -> None:
+        keep_s = ttl_s if expires_at is None else min(ttl_s, (expires_at - utcnow()).total_seconds())
+        if keep_s <= 0:
+            return
+        with self._lock:
+            if len(self._found) >= self.MAX_ENTRIES:
+                self._found.clear()
+            self._found[digest] = (principal, time.monotonic() + keep_s)
+
+    def forget(self) -> None:
+        with self._lock:
+            self._found.clear()
+
+
+key_cache = KeyCache()
 
 
 def authenticate(session: Session, authorization: str | None) -> Principal:
@@ -136,11 +179,15 @@ def authenticate(session: Session, authorization: str | None) -> Principal:
     scheme, _, key = authorization.partition(" ")
     if scheme.lower() != "bearer" or not key.strip():
         raise Unauthenticated("malformed Authorization: expected 'Bearer <key>'")
+    digest = hash_key(key.strip())
+    ttl_s = get_settings().api_key_cache_s
+    if ttl_s > 0 and (cached := key_cache.get(digest)) is not None:
+        return cached
     row = session.execute(
         sa.select(ApiKey, Tenant.name)
         .join(Tenant, Tenant.id == ApiKey.tenant_id)
         .where(
-            ApiKey.key_hash == hash_key(key.strip()),
+            ApiKey.key_hash == digest,
             ApiKey.revoked_at.is_(None),
             sa.or_(ApiKey.expires_at.is_(None), ApiKey.expires_at > utcnow()),
         )
@@ -148,7 +195,10 @@ def authenticate(session: Session, authorization: str | None) -> Principal:
     if row is None:
         raise Unauthenticated("invalid or revoked API key")
     api_key, tenant_name = row
-    return Principal(tenant_id=api_key.tenant_id, tenant=tenant_name, role=api_key.role, key_id=api_key.id)
+    principal = Principal(tenant_id=api_key.tenant_id, tenant=tenant_name, role=api_key.role, key_id=api_key.id)
+    if ttl_s > 0:
+        key_cache.put(digest, principal, ttl_s, api_key.expires_at)
+    return principal
 
 
 def check_key(session: Session, key_id: str) -> None:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from typing import Annotated
 
 from fastapi import Depends, Header
+from fastapi.concurrency import run_in_threadpool
 from sqlalchemy.orm import Session
 
 from agentloop.api.auth import Principal, authenticate
@@ -13,13 +14,24 @@ from agentloop.api.rate_limits import admit
 from agentloop.store.db import get_sessionmaker
 
 
-def get_session() -> Iterator[Session]:
+async def get_session() -> AsyncIterator[Session]:
+    """The request's session. Async, so that neither end costs a trip to the thread pool: making one opens
+    no connection (its first query does, in the route's thread); at the end, one that a route left holding a
+    connection is rolled back (whatever it did not commit is dropped) in the pool's thread, one with none
+    (never used, or committed) just closes."""
     session = get_sessionmaker()()
     try:
         yield session
     finally:
-        session.rollback()  # whatever a route did not commit is dropped
-        session.close()
+        if session.in_transaction():
+            await run_in_threadpool(_drop, session)
+        else:
+            session.close()
+
+
+def _drop(session: Session) -> None:
+    session.rollback()
+    session.close()
 
 
 SessionDep = Annotated[Session, Depends(get_session)]

@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from agentloop import events
 from agentloop.settings import Settings
 from agentloop.store import tasks as task_store
-from agentloop.store.db import session_scope
+from agentloop.store.db import get_engine, session_scope
 from agentloop.store.models import Task, TaskStatus, utcnow
 
 log = logging.getLogger(__name__)
@@ -37,8 +37,9 @@ def publish_episode(task_id: str) -> bool:
     except Exception as exc:
         log.warning("could not publish task %s (the sweeper will retry): %s", task_id, exc)
         return False
-    with session_scope() as s:  # one statement: the request that published it waits for this too
-        s.execute(sa.update(Task).where(Task.id == task_id).values(dispatched_at=utcnow()))
+    # one statement in autocommit (no BEGIN, no COMMIT): the request that published it waits for this too
+    with get_engine().connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(sa.update(Task).where(Task.id == task_id).values(dispatched_at=utcnow()))
     return True
 
 

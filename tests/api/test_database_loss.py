@@ -3,6 +3,7 @@ backend as it writes): a clean 503 with Retry-After, REST and gRPC, nothing of t
 retry succeeds on a fresh connection."""
 
 import asyncio
+import time
 from collections.abc import Iterator
 
 import grpc
@@ -108,3 +109,49 @@ def test_no_free_connection_in_time_is_a_503_not_a_crash(postgres, configure_env
     assert resp.status_code == 202, resp.text
     with get_sessionmaker()() as s:
         assert s.scalar(sa.select(sa.func.count()).select_from(Task)) == 1
+
+
+def terminate_pooled_connections(postgres_url) -> int:
+    """Every other backend of the test database ended, as a server restart or an idle timeout would: the
+    process's pooled connections are dead without knowing it."""
+    admin = sa.create_engine(postgres_url, isolation_level="AUTOCOMMIT", poolclass=sa.pool.NullPool)
+    with admin.connect() as conn:
+        ended = conn.scalar(
+            sa.text(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+        )
+    admin.dispose()
+    return int(ended)
+
+
+@pytest.mark.parametrize("ping_after_idle_s", [0.2, 0])
+def test_connections_dropped_while_idle_are_replaced_before_a_request_uses_them(
+    postgres, postgres_url, configure_env, ping_after_idle_s
+):
+    """A pooled connection idle longer than `database_ping_after_idle_s` is checked before use (0: every
+    checkout is), so a request after the server dropped the pool's connections works the first time."""
+    configure_env(DATABASE_PING_AFTER_IDLE_S=ping_after_idle_s)
+    client = TestClient(create_app())
+    headers = bearer(postgres.tenant_a_client)
+    assert client.post("/v1/tasks", json=TASK, headers=headers).status_code == 202
+    assert terminate_pooled_connections(postgres_url) >= 1
+    time.sleep(0.3)
+    assert client.post("/v1/tasks", json=TASK, headers=headers).status_code == 202
+    assert tasks() == 2
+
+
+def test_a_connection_in_steady_use_is_not_pinged_so_its_loss_is_one_503(postgres, postgres_url, configure_env):
+    """The other side of the idle check: a connection back in the pool a moment ago is used without a ping;
+    if the server dropped it meanwhile, that one request is a clean 503 and the pool is replaced, so the retry
+    works."""
+    configure_env(DATABASE_PING_AFTER_IDLE_S=3600)
+    client = TestClient(create_app())
+    headers = bearer(postgres.tenant_a_client)
+    assert client.post("/v1/tasks", json=TASK, headers=headers).status_code == 202
+    assert terminate_pooled_connections(postgres_url) >= 1
+    resp = client.post("/v1/tasks", json=TASK, headers=headers)
+    assert resp.status_code == 503 and resp.json()["error"]["message"].endswith("); nothing was written, retry")
+    assert client.post("/v1/tasks", json=TASK, headers=headers).status_code == 202
+    assert tasks() == 2

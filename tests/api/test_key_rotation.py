@@ -52,7 +52,10 @@ def old_row(key: str) -> ApiKey:
 
 
 @pytest.fixture
-def keys(db_url):
+def keys(db_url, configure_env):
+    # these tests change keys in the database as another process would, and look at once: no process cache
+    # (its window is tested in test_key_cache.py)
+    configure_env(API_KEY_CACHE_S=0)
     with get_sessionmaker()() as s:
         return make_keys(s)
 

@@ -167,3 +167,20 @@ def test_a_tenant_at_its_quota_of_apps_deletes_one_first(sqlite_db, configure_en
         assert rows(App) == 1
         assert client.delete("/v1/apps/first", headers=op).status_code == 204
         assert register("second").status_code == 201
+
+
+def test_a_refused_request_counts_in_none_of_its_windows(redis_url):
+    """All of a request's windows are checked, then counted, in one script: refused by its tenant's window, it
+    spends nothing of its key's either (a second process's limiter, with no tenant limit, sees the key's window)."""
+    import uuid
+
+    both = Limiter(_Config(redis_url, "3/minute", "2/minute"))
+    key_only = Limiter(_Config(redis_url, "3/minute", ""))
+    caller = principal(str(uuid.uuid4()), str(uuid.uuid4()))
+    both.admit(caller)
+    both.admit(caller)
+    with pytest.raises(RateLimited, match=r"this tenant's rate limit \(2 per 1 minute\) is reached; retry in"):
+        both.admit(caller)
+    key_only.admit(caller)  # the key's third: the refused request did not spend it
+    with pytest.raises(RateLimited, match=r"this API key's rate limit \(3 per 1 minute\) is reached"):
+        key_only.admit(caller)

@@ -14,6 +14,7 @@ from agentloop.api.grpc.admin import AdminService
 from agentloop.api.grpc.agent import AgentService
 from agentloop.proto_gen.agentloop.v1 import agent_pb2, agent_pb2_grpc
 from agentloop.settings import Settings
+from agentloop.store.db import serve_requests
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,7 @@ def _address(host: str, port: int) -> str:
 
 async def start_server(settings: Settings, host: str, port: int) -> GrpcServer:
     """Bind and start. Port 0 takes a free port (see `.port`). Raises RuntimeError if it cannot bind."""
+    serve_requests()  # pooled connections checked after idling, not at every checkout (store/db.py)
     server = grpc.aio.server(
         options=[
             # same limit as REST's request bodies; larger messages are RESOURCE_EXHAUSTED
