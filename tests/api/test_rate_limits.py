@@ -184,3 +184,32 @@ def test_a_refused_request_counts_in_none_of_its_windows(redis_url):
     key_only.admit(caller)  # the key's third: the refused request did not spend it
     with pytest.raises(RateLimited, match=r"this API key's rate limit \(3 per 1 minute\) is reached"):
         key_only.admit(caller)
+
+
+def test_rest_and_grpc_count_in_the_same_redis_windows(sqlite_db, configure_env, redis_url):
+    """One key's requests through REST and gRPC are counted together in Redis, and REST's refusal names the
+    window; another key of the tenant is not refused."""
+    configure_env(REDIS_URL=redis_url, RATE_LIMIT_PER_KEY="4/minute", RATE_LIMIT_PER_TENANT="")
+    from tests.grpc.conftest import Api, ServerThread
+
+    with get_sessionmaker()() as s:
+        keys = make_keys(s)
+    client = TestClient(create_app())
+    a = bearer(keys.tenant_a_client)
+    assert [client.get("/v1/tasks", headers=a).status_code for _ in range(2)] == [200, 200]
+    server = ServerThread()
+    api = Api(server, keys)
+    try:
+
+        async def two_calls() -> None:
+            async with api.connect() as c:
+                for _ in range(2):
+                    await c.agent.ListTasks(pb.ListTasksRequest(), metadata=auth(keys.tenant_a_client))
+
+        asyncio.run(two_calls())
+    finally:
+        server.close()
+    resp = client.get("/v1/tasks", headers=a)
+    assert resp.status_code == 429, resp.text
+    assert "this API key's rate limit (4 per 1 minute) is reached" in resp.json()["error"]["message"]
+    assert client.get("/v1/tasks", headers=bearer(keys.tenant_a_admin)).status_code == 200
