@@ -177,10 +177,12 @@ def test_keys_create_prints_a_working_key_once(sqlite_db):
     assert bad.returncode != 0 and "role must be one of" in bad.stderr
 
 
-def test_keys_rotate_prints_a_working_key_and_the_old_one_ends_after_its_grace(sqlite_db):
+def test_keys_rotate_prints_a_working_key_and_the_old_one_ends_after_its_grace(sqlite_db, configure_env):
     from agentloop.api.auth import authenticate
     from agentloop.api.errors import Unauthenticated
     from agentloop.store.db import get_sessionmaker
+
+    configure_env(API_KEY_CACHE_S=0)  # what the database says at once (a server refuses within its cache window)
 
     old = run_cli("keys", "create", "--tenant", "acme", "--role", "admin", "--name", "ci")
     old_key = old.stdout.strip()
