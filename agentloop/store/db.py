@@ -41,7 +41,7 @@ def make_engine(url: str) -> sa.Engine:
     engine = sa.create_engine(url, **kwargs)
     if parsed.get_backend_name() != "sqlite":
         ping_after_idle(engine)
-    if parsed.get_backend_name() == "sqlite":
+    else:
 
         @sa.event.listens_for(engine, "connect")
         def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
@@ -111,7 +111,7 @@ def get_engine() -> sa.Engine:
 
 def get_sessionmaker() -> sessionmaker[Session]:
     url = get_settings().db_url
-    if url not in _sessionmakers or _sessionmakers[url].kw["bind"] is not get_engine():
+    if url not in _sessionmakers:  # cleared with the engines (reset_engines)
         _sessionmakers[url] = sessionmaker(bind=get_engine(), expire_on_commit=False)
     return _sessionmakers[url]
 
