@@ -126,31 +126,38 @@ def _fixed(calls: list[ToolCall]) -> Callable[[World], list[ToolCall]]:
     return lambda _world: calls
 
 
+EXPERT_WORLDS_AT_ONCE = 8  # expert episodes played together (each holds its world until it ends)
+
+
 def expert_rollouts(tokenizer: Any, tasks: Sequence[EvalTask], limits: Limits) -> list[Rollout]:
     """Each task's expert calls played through the real episode loop: exact token sequences, one turn
     per call, with each turn's call kept (`Rollout.actions`). With `prompt_example: nearest` each shows the
     nearest solved task of another scenario (agent/examples.py): what it learns is to carry an example over."""
     policy = ScriptedPolicy(tokenizer, name="oracle")
     fmt = ChatFormat(tokenizer)
-    episodes = []
-    for i, task in enumerate(tasks):
-        if task.expert is None:
-            continue
-        world, _ = task.start()
-        key = f"{task.task_ref}#{i}"  # a task may appear several times (e.g. with other demonstrations)
-        example = example_for(task.world, task.instruction, world.available, exclude_scenario=task.scenario)
-        ep = Episode(world, fmt, task.instruction, limits, key=key, example=example)
-        policy.plan_actions(key, task.expert(world), action_space(world.commands))
-        episodes.append((task, ep))
-    try:
-        run_episodes(policy, [ep for _, ep in episodes])
-    finally:
-        for _, ep in episodes:
-            ep.world.close()
-    return [
-        build_rollout(t.task_ref, ep.prompt_token_ids, ep.turns, 1.0, True, commands=ep.world.commands)
-        for t, ep in episodes
-    ]
+    with_expert = [(i, task) for i, task in enumerate(tasks) if task.expert is not None]
+    rollouts = []
+    # a few worlds at a time: a world may hold a process of its own (a ScienceWorld simulator is a JVM)
+    for start in range(0, len(with_expert), EXPERT_WORLDS_AT_ONCE):
+        episodes = []
+        try:
+            for i, task in with_expert[start : start + EXPERT_WORLDS_AT_ONCE]:
+                assert task.expert is not None
+                world, _ = task.start()
+                key = f"{task.task_ref}#{i}"  # a task may appear several times (e.g. with other demonstrations)
+                example = example_for(task.world, task.instruction, world.available, exclude_scenario=task.scenario)
+                ep = Episode(world, fmt, task.instruction, limits, key=key, example=example)
+                episodes.append((task, ep))
+                policy.plan_actions(key, task.expert(world), action_space(world.commands))
+            run_episodes(policy, [ep for _, ep in episodes])
+        finally:
+            for _, ep in episodes:
+                ep.world.close()
+        rollouts += [
+            build_rollout(t.task_ref, ep.prompt_token_ids, ep.turns, 1.0, True, commands=ep.world.commands)
+            for t, ep in episodes
+        ]
+    return rollouts
 
 
 def scored_expert_rollouts(

@@ -4,6 +4,7 @@ commands, the score as reward, gold paths as experts, and the simulator pool."""
 import json
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -129,6 +130,16 @@ def test_a_dropped_world_gives_its_simulator_back(simulator_ready: None) -> None
     again.close()
     again.close()  # twice is harmless: the simulator went back once
     assert sw.POOL._idle.count(sim) == 1
+
+
+def test_a_simulators_jvm_has_a_bounded_heap(simulator_ready: None) -> None:
+    world = WORLD.task_world(WORLD.task_ids("dev")[0])
+    try:
+        java = world.simulator.env._gateway.java_process
+        command = Path(f"/proc/{java.pid}/cmdline").read_bytes().split(b"\0")
+        assert b"-Xmx512m" in command and b"-XX:+UseSerialGC" in command
+    finally:
+        world.close()
 
 
 def test_oracle_eval_reaches_100_on_each_task_types_first_dev_variation(
