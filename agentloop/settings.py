@@ -197,6 +197,13 @@ class Settings(BaseSettings):
     grpc_port: int = Field(
         50051, description="gRPC port of `agentloop serve` and `agentloop grpc`; 0 or negative: `serve` runs REST only."
     )
+    api_threads: int = Field(
+        20,
+        ge=1,
+        description="Threads each API server process runs request work on (routes and dependencies that block: "
+        "the database, Redis). Requests beyond them wait their turn without holding a thread; more threads than "
+        "connections (database_pool_size + database_max_overflow) only wait for one.",
+    )
     max_body_bytes: int = Field(
         1_048_576, description="Larger request bodies get 413 (gRPC: larger messages get RESOURCE_EXHAUSTED)."
     )

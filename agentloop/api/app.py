@@ -6,9 +6,12 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 from urllib.parse import parse_qsl
 
+import anyio.to_thread
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -143,7 +146,15 @@ def allowed_methods(app: FastAPI, scope: Scope) -> list[str]:
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
     serve_requests()  # pooled connections checked after idling, not at every checkout (store/db.py)
-    app = FastAPI(title="agentloop", version=__version__, description=DESCRIPTION)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        # the event loop's thread pool, which runs sync routes and dependencies: sized to the work, so that a
+        # burst of requests waits on the loop, not as dozens of threads taking turns at one interpreter lock
+        anyio.to_thread.current_default_thread_limiter().total_tokens = settings.api_threads
+        yield
+
+    app = FastAPI(title="agentloop", version=__version__, description=DESCRIPTION, lifespan=lifespan)
     app.include_router(health.router)
     app.include_router(tasks.router)
     app.include_router(apps.router)

@@ -71,12 +71,16 @@ def list_tasks(
 ) -> TaskPage:
     """Your tasks, newest first."""
     tasks, next_cursor = service.list_tasks(session, principal, status, limit, cursor)
-    return TaskPage(items=[service.task_public(t) for t in tasks], next_cursor=next_cursor)
+    page = TaskPage(items=[service.task_public(t) for t in tasks], next_cursor=next_cursor)
+    session.close()  # in this thread: the session's end (deps.get_session) then costs no trip of its own
+    return page
 
 
 @router.get("/{task_id}", response_model=TaskPublic, responses=ERRORS)
 def get_task(task_id: str, session: SessionDep, principal: CurrentPrincipal) -> TaskPublic:
-    return service.task_public(service.get_task(session, principal, task_id))
+    task = service.task_public(service.get_task(session, principal, task_id))
+    session.close()  # as list_tasks'
+    return task
 
 
 @router.post("/{task_id}/cancel", response_model=TaskPublic, responses={**ERRORS, 409: {"model": ErrorBody}})
