@@ -1,7 +1,8 @@
 """The REST API under load, beside a bare endpoint doing the same single insert: requests per second, p50/p99
 latency and errors at rising concurrency, measured side by side in one run.
 
-    python bench/api_load.py [--quick] [--levels 1,4,16,64] [--seconds S] [--workers N] [--json] [--write-docs]
+    python bench/api_load.py [--quick] [--levels 1,4,16,64] [--seconds S] [--rounds N] [--workers N] [--json]
+        [--write-docs]
 
 The production setup, each part its own process: the API under uvicorn (`--workers` processes,
 `agentloop.api.app:create_app`), PostgreSQL (a fresh database on 127.0.0.1:5432, dropped afterwards), Redis
@@ -10,8 +11,10 @@ and a Celery worker with the `replay` policy (no model: every episode looks up t
 then completes), so that tasks created during the run are also run, stored and finished. Each level
 measures the API twice: with the worker running the tasks as they come (the production setup: its episodes
 share the two cores), then, once the worker has finished them, with the idle worker stopped (the request path
-alone: its tasks wait in the queue, and are run after the level); then the bare endpoint, with the worker
-stopped too. `api_bare_rps_ratio` compares the request path alone with the bare endpoint;
+alone: its tasks wait in the queue, and are run after the level) and the bare endpoint, with the worker
+stopped too, in `--rounds` rounds of one API turn then one bare turn, each level's ratio the median of its
+rounds' (API / bare of the same round: turns next to each other in time, so a noisy minute on a shared machine
+moves both). `api_bare_rps_ratio` compares the request path alone with the bare endpoint;
 `api_with_worker_bare_rps_ratio` the production setup. Both
 servers keep connections alive 60 s (uvicorn's 5 s default closes some under the client, which counts as an
 error).
@@ -265,24 +268,41 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 # 2. the request path alone: the idle worker stopped (SIGSTOP; it holds no transaction now), the
                 # tasks wait in the queue and are run after the bare endpoint's turn
                 os.kill(worker.pid, signal.SIGSTOP)
+                turns: dict[str, list[dict[str, Any]]] = {"api": [], "bare": []}
                 try:
-                    row["api"] = asyncio.run(drive(api, *api_call, clients, args.seconds))
-                    row["bare"] = asyncio.run(drive(bare, "/tasks", "/tasks/{id}", {}, clients, args.seconds))
+                    for _ in range(args.rounds):
+                        turns["api"].append(asyncio.run(drive(api, *api_call, clients, args.seconds)))
+                        turns["bare"].append(
+                            asyncio.run(drive(bare, "/tasks", "/tasks/{id}", {}, clients, args.seconds))
+                        )
                 finally:
                     os.kill(worker.pid, signal.SIGCONT)
                 row["drain_after_s"] = drain(stack.db_url, args.drain_timeout_s)
+                row["api"], row["bare"] = combined(turns["api"]), combined(turns["bare"])
                 for name in ("api_with_worker", "api", "bare"):
                     print(f"  {clients} clients {name}: {row[name]}", file=sys.stderr, flush=True)
-                row["ratio"] = round(row["api"]["rps"] / row["bare"]["rps"], 3) if row["bare"]["rps"] else None
-                row["ratio_with_worker"] = (
-                    round(row["api_with_worker"]["rps"] / row["bare"]["rps"], 3) if row["bare"]["rps"] else None
-                )
+                ratios = [a["rps"] / b["rps"] for a, b in zip(turns["api"], turns["bare"], strict=True) if b["rps"]]
+                row["round_ratios"] = [round(r, 3) for r in ratios]
+                row["ratio"] = round(statistics.median(ratios), 3) if ratios else None
+                bare_rps = row["bare"]["rps"]
+                row["ratio_with_worker"] = round(row["api_with_worker"]["rps"] / bare_rps, 3) if bare_rps else None
                 levels.append(row)
             finished = count_finished(stack.db_url)
         finally:
             stack.stop()
             flush_redis()
     return {"levels": levels, "tasks_finished_by_the_worker": finished}
+
+
+def combined(turns: list[dict[str, Any]]) -> dict[str, Any]:
+    """A server's turns at one level as one figure: the median turn's req/s and latencies, every turn's req/s,
+    and all their errors."""
+    middle = sorted(turns, key=lambda t: t["rps"])[(len(turns) - 1) // 2]
+    errors: dict[str, int] = {}
+    for turn in turns:
+        for kind, n in turn["errors"].items():
+            errors[kind] = errors.get(kind, 0) + n
+    return {**middle, "errors": errors, "turns_rps": [t["rps"] for t in turns]}
 
 
 def drain(db_url: str, timeout_s: float) -> float | None:
@@ -319,19 +339,22 @@ def docs_section(result: dict[str, Any], command: str) -> str:
         f"machine; a Celery worker (4 threads, replay policy). *API*: the request path alone (the idle worker "
         "stopped, the tasks run after the level); *API with the worker*: the production setup, the worker running "
         "the tasks as they come on the same cores, then finishing what it took (drain s); the load generator "
-        f"(httpx, asyncio) in the same machine too; {result['seconds']:.0f} s per level and server. A client "
-        "creates a task, reads it back, again.",
+        f"(httpx, asyncio) in the same machine too; {result['seconds']:.0f} s a turn. A client creates a task, reads "
+        f"it back, again. At each level: one turn of the API with the worker, then {result['rounds']} rounds of an "
+        "API turn and a bare turn; API and bare are each their median round's figures, API / bare the median of "
+        "the rounds' ratios (each round's in the last column).",
         "",
         "| clients | API req/s | API p50 / p99 ms | API errors | bare req/s | bare p50 / p99 ms | API / bare "
-        "| API with the worker req/s (p99 ms) | with the worker / bare | drain s |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| API with the worker req/s (p99 ms) | with the worker / bare | drain s | rounds' API / bare |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in result["levels"]:
         a, b, w = row["api"], row["bare"], row["api_with_worker"]
         lines.append(
             f"| {row['clients']} | {a['rps']} | {a['p50_ms']} / {a['p99_ms']} | {sum(a['errors'].values())} | "
             f"{b['rps']} | {b['p50_ms']} / {b['p99_ms']} | {row['ratio']} | {w['rps']} ({w['p99_ms']}; "
-            f"{sum(w['errors'].values())} errors) | {row['ratio_with_worker']} | {row['drain_s']} |"
+            f"{sum(w['errors'].values())} errors) | {row['ratio_with_worker']} | {row['drain_s']} | "
+            f"{', '.join(map(str, row['round_ratios']))} |"
         )
     lines += [
         "",
@@ -347,9 +370,10 @@ def main() -> None:
     from report import emit, machine, write_section  # (not at the top: uvicorn imports this module too)
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="two levels (1 and 8 clients), 4 s each")
+    ap.add_argument("--quick", action="store_true", help="two levels (1 and 8 clients), one round of 4-s turns")
     ap.add_argument("--levels", default="1,4,16,64", help="comma-separated client counts")
-    ap.add_argument("--seconds", type=float, default=15.0, help="per level and server")
+    ap.add_argument("--seconds", type=float, default=15.0, help="a turn: one server at one level")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of an API turn and a bare turn at each level")
     ap.add_argument("--workers", type=int, default=2, help="uvicorn worker processes of each server")
     ap.add_argument("--logs", type=Path, default=None, help="keep the processes' logs in this folder")
     ap.add_argument(
@@ -359,13 +383,13 @@ def main() -> None:
     ap.add_argument("--write-docs", action="store_true", help="update docs/benchmarks.md's api_load section")
     args = ap.parse_args()
     if args.quick:
-        args.levels, args.seconds = "1,8", 4.0
+        args.levels, args.seconds, args.rounds = "1,8", 4.0, 1
     try:
         args.levels = [int(x) for x in str(args.levels).split(",") if x.strip()]
     except ValueError:
         ap.error("--levels takes comma-separated integers, e.g. 1,4,16")
-    if not args.levels or min(args.levels) < 1 or args.seconds <= 0 or args.workers < 1:
-        ap.error("--levels must be positive integers, --seconds and --workers positive")
+    if not args.levels or min(args.levels) < 1 or args.seconds <= 0 or args.workers < 1 or args.rounds < 1:
+        ap.error("--levels must be positive integers, --seconds, --rounds and --workers positive")
     command = ("python bench/api_load.py " + shlex.join(a for a in sys.argv[1:] if a != "--write-docs")).strip()
     measured = measure(args)
     top = measured["levels"][-1]
@@ -374,6 +398,7 @@ def main() -> None:
         "api_with_worker_bare_rps_ratio": top["ratio_with_worker"],
         "workers": args.workers,
         "seconds": args.seconds,
+        "rounds": args.rounds,
         "quick": args.quick,
         "machine": machine(),
         "command": command,

@@ -4,7 +4,7 @@ budget after one shared SFT warm start. The phases, their files under --results,
 bench/stepagent_curve.py's (see there); only the world, the task types and what a point measures differ.
 
     python bench/scienceworld_curve.py [--quick] [--results DIR]
-        [--arms sft,stepagent-greedy,loop,loop+step,loop+expert] [--start-only] [--merge] [--defer-eval]
+        [--arms sft,stepagent-greedy,loop,loop+step,loop+expert,sft+loop+expert] [--start-only] [--merge] [--defer-eval]
         [--budget-s S] [--warm-start-s S] [--dev-every N] [--json] [--write-docs]
 
 Task types (TYPES): the eight whose gold path (of the first train variation) takes at most 11 commands: finding
@@ -60,7 +60,7 @@ TYPES = (
     "lifespan-shortest-lived",
     "power-component",
 )
-ARMS = ("sft", "stepagent-greedy", "loop", "loop+step", "loop+expert")
+ARMS = ("sft", "stepagent-greedy", "loop", "loop+step", "loop+expert", "sft+loop+expert")
 SETS = {"seen": "dev", "unseen": "test"}
 # ETO (Song et al., 2024), ScienceWorld average reward x 100, Llama-2-7B-Chat, all 30 task types
 PUBLISHED = (("SFT (Llama-2-7B-Chat)", 67.4, 53.0), ("ETO (Llama-2-7B-Chat)", 73.8, 65.0))

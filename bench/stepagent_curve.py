@@ -23,7 +23,8 @@ half of each cycle's experts replayed as recoveries: the agent's own greedy mist
 world's answer, then the expert's calls; learner/recovery.py), stepagent-implicit,
 stepagent-greedy (stepagent-implicit with `inspection: greedy`: pairs where the greedy action leaves the
 expert's, read from SFT's own pass), stepagent-irl, loop, loop+step, loop+expert (LOOP with each group's task's
-expert trajectory, scored by the world, as one more sample of the group: LoopConfig.expert_in_group). An arm
+expert trajectory, scored by the world, as one more sample of the group: LoopConfig.expert_in_group),
+sft+loop+expert (cycles alternate: one of SFT alone's, then one of loop+expert's, each at its own lr). An arm
 whose file records a finished run with the same settings (the model, the presets, the seed and SFT lr, and that
 arm's own options: another arm's lr or beta does not count) is skipped (`--rerun` runs it again). `--extend` with
 a larger `--budget-s` continues such an arm from its saved adapter and optimizer state (cycles kept; AdamW's
@@ -93,6 +94,7 @@ ARMS = (
     "loop",
     "loop+step",
     "loop+expert",
+    "sft+loop+expert",
 )
 # their gain is over SFT alone's
 STEP_REWARD_ARMS = ("stepagent-implicit", "stepagent-greedy", "stepagent-irl", "loop+step")
@@ -105,6 +107,7 @@ LABELS = {
     "loop": "LOOP",
     "loop+step": "LOOP + step rewards",
     "loop+expert": "LOOP with the expert in each group",
+    "sft+loop+expert": "SFT and LOOP with the expert, alternate cycles",
 }
 
 # (full run, --quick); None in a flag means "take the preset". The full run fits a 2-core CPU: a cycle is
@@ -151,6 +154,8 @@ ARM_ALGOS: dict[str, tuple[str, dict[str, Any]]] = {
     "sft-recovery": ("sft", {"recovery_share": 0.5}),
     # each rollout group has its task's expert trajectory as one more sample, scored by the world (rl.py)
     "loop+expert": ("loop", {"expert_in_group": True}),
+    # cycles alternate: one of SFT on gold paths (at sft_lr), then one of loop+expert's update (at lr), and again
+    "sft+loop+expert": ("loop", {"expert_in_group": True, "phases": ("sft:1", "loop:1") * 500}),
 }
 # the options that shape one arm only: its file is comparable with another run's whatever the others say
 ARM_OPTIONS = {
@@ -160,6 +165,7 @@ ARM_OPTIONS = {
     "loop": ("lr",),
     "loop+step": ("lr", "step_omega"),
     "loop+expert": ("lr",),
+    "sft+loop+expert": ("lr",),
 }
 CONFIG_FIELDS = (
     "dev_limit",
@@ -519,6 +525,7 @@ def headline_figure(args: argparse.Namespace, point: dict[str, Any]) -> str:
 def cycle_point(i: int, train_s: float, took: float, agreement_s: float, metrics: dict[str, Any]) -> dict[str, Any]:
     point: dict[str, Any] = {
         "cycle": i,
+        "algo": metrics.get("algo"),
         "train_s": round(train_s, 1),
         "cycle_s": round(took, 1),
         "agreement_eval_s": round(agreement_s, 1),
