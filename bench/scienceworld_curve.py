@@ -4,8 +4,8 @@ budget after one shared SFT warm start. The phases, their files under --results,
 bench/stepagent_curve.py's (see there); only the world, the task types and what a point measures differ.
 
     python bench/scienceworld_curve.py [--quick] [--results DIR]
-        [--arms sft,stepagent-greedy,loop,loop+step,loop+expert,sft+loop+expert] [--start-only] [--merge] [--defer-eval]
-        [--budget-s S] [--warm-start-s S] [--dev-every N] [--json] [--write-docs]
+        [--arms sft,stepagent-greedy,loop,loop+step,loop+expert,sft+loop+expert] [--start-only] [--merge]
+        [--defer-eval] [--budget-s S] [--warm-start-s S] [--dev-every N] [--json] [--write-docs]
 
 Task types (TYPES): the eight whose gold path (of the first train variation) takes at most 11 commands: finding
 a plant, an animal, a living or a non-living thing and focusing on it; naming the longest- or shortest-lived of
@@ -486,7 +486,9 @@ def docs_section(result: dict[str, Any], arms: dict[str, Any], base: Any, start:
     commands = list(dict.fromkeys(r["command"] for r in files))
     s = result["settings"]
     figure = f"![seen and unseen score vs training seconds]({image})" if note is None else f"(No figure: {note}.)"
-    budgets = ", ".join(f"{curve.LABELS[a]} {r['settings']['budget_s']:g} s (lr {r['lr']:g})" for a, r in arms.items())
+    budgets = ", ".join(
+        f"{curve.LABELS[a]} {r['settings']['budget_s']:g} s (lr {curve.arm_lr(r)})" for a, r in arms.items()
+    )
     return f"""
 ## ScienceWorld: score on seen and unseen variations (`bench/scienceworld_curve.py`)
 

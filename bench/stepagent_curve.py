@@ -735,6 +735,14 @@ def headline(arms: dict[str, dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def arm_lr(run: dict[str, Any]) -> str:
+    """The learning rate an arm's file records, and its SFT cycles' where its cycles alternate with SFT's."""
+    phases = {p.partition(":")[0] for p in run.get("config", {}).get("phases", [])}
+    if "sft" in phases and len(phases) > 1:
+        return f"{run['lr']:g}, SFT cycles {run['config']['sft_lr']:g}"
+    return f"{run['lr']:g}"
+
+
 def plural(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
 
@@ -885,7 +893,7 @@ def docs_section(
     commands = list(dict.fromkeys(runs))
     machines = list(dict.fromkeys(r["machine"] for r in files))
     s = result["settings"]
-    budgets = ", ".join(f"{LABELS[a]} {r['settings']['budget_s']:g} s (lr {r['lr']:g})" for a, r in arms.items())
+    budgets = ", ".join(f"{LABELS[a]} {r['settings']['budget_s']:g} s (lr {arm_lr(r)})" for a, r in arms.items())
     budgets = budgets or f"{s['budget_s']:g} s each (no arm has run yet)"
     dev_every = {r.get("dev_every", 0) for r in arms.values()}
     when = (
